@@ -1,0 +1,65 @@
+# epd-operator: every entry point a developer or CI needs. `make demo` and `make test` set the machine up themselves.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+VENV      ?= .venv
+PY        := $(VENV)/bin/python
+PYTEST    := $(VENV)/bin/pytest
+BIN_DIR   := .cache/bin
+KUBECONFIG_PATH := .run/cluster/kubeconfig
+export PATH := $(CURDIR)/$(BIN_DIR):$(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: help setup setup-apt setup-python setup-k8s-tools lint fmt test test-unit test-cluster test-store \
+        cluster-up cluster-down demo bench clean
+
+help: ## list the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+setup: setup-apt setup-python setup-k8s-tools ## install everything a fresh machine needs (idempotent)
+
+setup-apt: ## Debian packages the tests need (libibverbs1 for Mooncake's binaries)
+	@hack/setup-apt.sh
+
+setup-python: ## .venv with both packages editable and the test tools
+	@hack/setup-python.sh $(VENV)
+
+setup-k8s-tools: ## build the pinned control-plane binaries into .cache/bin (only when a version changes)
+	@hack/build-k8s-tools.sh $(BIN_DIR)
+
+lint: setup-python ## ruff, mypy and the import layers
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+fmt: setup-python ## format the code
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+test: setup ## every test tier: unit, store (real Mooncake), cluster (real control plane)
+	$(PYTEST)
+
+test-unit: setup-python ## the quick pure tests only
+	$(PYTEST) -m unit
+
+test-store: setup-python setup-apt ## tests against real mooncake_master / mooncake_client processes
+	$(PYTEST) -m store
+
+test-cluster: setup ## tests against the local control plane
+	$(PYTEST) -m cluster
+
+cluster-up: setup ## start the local control plane; kubeconfig at .run/cluster/kubeconfig
+	$(PY) -m epd_testenv.cli up
+
+cluster-down: ## stop the local control plane
+	@if [ -x $(PY) ]; then $(PY) -m epd_testenv.cli down; fi
+
+demo: setup ## bring the cluster up and deploy the sample EPDDeployment
+	$(PY) -m epd_testenv.demo
+
+bench: setup ## every benchmark under bench/
+	@for b in bench/*/run.py; do [ -f "$$b" ] && $(PY) "$$b"; done
+
+clean: cluster-down ## remove the run state (keeps the binary cache)
+	rm -rf .run

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Debian packages the tests need. Idempotent and quick when everything is present.
+#   libibverbs1: every Mooncake binary links libibverbs.so.1, even with the TCP transport.
+#   iproute2:    per-role network namespaces for local runs.
+set -euo pipefail
+packages=(libibverbs1 iproute2)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+echo "setup-apt: installing ${missing[*]}"
+sudo_cmd=()
+[ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,69 @@
+"""`python -m epd_testenv.cli up|down|status`: the developer's handle on the local cluster.
+
+`make cluster-up` / `make cluster-down` call it. The cluster keeps running after `up` returns; its state,
+logs and kubeconfig live in one folder (default .run/cluster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+from epd_testenv import cluster, layout
+
+
+def usage_hint(kubeconfig: pathlib.Path) -> str:
+    """How to talk to the cluster, printed after `up`."""
+    kubectl = layout.bin_dir() / "kubectl"
+    return (
+        f"kubeconfig: {kubeconfig}\n"
+        "use it with:\n"
+        f"  export KUBECONFIG={kubeconfig}\n"
+        f"  {kubectl} get nodes   # kubectl and helm are in {layout.bin_dir()} (on PATH under make)\n"
+        "stop it with: make cluster-down"
+    )
+
+
+def _state_dir(raw: str | None) -> pathlib.Path:
+    return pathlib.Path(raw) if raw else layout.repo_root() / layout.DEFAULT_CLUSTER_DIR
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m epd_testenv.cli", description=__doc__)
+    parser.add_argument("command", choices=["up", "down", "status"])
+    parser.add_argument(
+        "--state-dir", help=f"cluster state folder (default: <repo>/{layout.DEFAULT_CLUSTER_DIR})"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=cluster.DEFAULT_READY_TIMEOUT_S, help="bring-up deadline in seconds"
+    )
+    args = parser.parse_args(argv)
+    local = cluster.Cluster(_state_dir(args.state_dir), cluster.Settings(ready_timeout_s=args.timeout))
+
+    if args.command == "up":
+        try:
+            local.up()
+        except (cluster.ClusterError, FileNotFoundError) as error:
+            print(f"cluster: {error}", file=sys.stderr)
+            return 1
+        print(usage_hint(local.kubeconfig))
+    elif args.command == "down":
+        local.down()
+    else:
+        status = local.status()
+        if not status.running and not status.stopped:
+            print(f"cluster: not running ({local.state_dir})")
+            return 3
+        print(f"cluster: {local.state_dir}")
+        print(f"  server:  {status.server} ({'ready' if status.ready else 'NOT ready'})")
+        print(f"  running: {', '.join(status.running) or '-'}")
+        if status.stopped:
+            print(f"  exited:  {', '.join(status.stopped)} (logs in {local.files.logs})")
+        print(f"  kubeconfig: {local.kubeconfig}")
+        return 0 if status.ready and not status.stopped else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""The certificates a local control plane needs, made fresh for every cluster with `cryptography`.
+
+One small CA signs the apiserver's serving certificate and one client certificate per component, so RBAC sees
+the same identities as in a real cluster (system:kube-controller-manager, system:kube-scheduler) and the admin
+and kwok are system:masters. A separate key pair signs service-account tokens. ECDSA P-256 throughout: keys
+are generated in microseconds, where RSA would add a second to every `cluster up`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import pathlib
+from dataclasses import dataclass
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+VALIDITY = datetime.timedelta(days=365)
+"""Long enough for any cluster lifetime; the files are regenerated at every `up` anyway."""
+
+BACKDATE = datetime.timedelta(hours=1)
+"""Certificates start an hour early so a small clock step never makes them not-yet-valid."""
+
+SERVING_DNS_NAMES = ("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc")
+SERVING_IPS = ("127.0.0.1",)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A client certificate: Kubernetes reads the user from CN and the groups from O."""
+
+    name: str
+    """File stem, e.g. `admin` gives admin.crt and admin.key."""
+    user: str
+    groups: tuple[str, ...] = ()
+
+
+CLIENTS = (
+    Identity("admin", "epd-admin", ("system:masters",)),
+    Identity("kube-controller-manager", "system:kube-controller-manager"),
+    Identity("kube-scheduler", "system:kube-scheduler"),
+    # kwok writes node and pod status for every simulated node; the Node authorizer would need one identity
+    # per node, so it runs as a master like kwokctl does.
+    Identity("kwok", "kwok", ("system:masters",)),
+)
+
+
+@dataclass(frozen=True)
+class Pki:
+    """Paths of the generated files."""
+
+    dir: pathlib.Path
+
+    @property
+    def ca_cert(self) -> pathlib.Path:
+        return self.dir / "ca.crt"
+
+    @property
+    def ca_key(self) -> pathlib.Path:
+        return self.dir / "ca.key"
+
+    @property
+    def serving_cert(self) -> pathlib.Path:
+        return self.dir / "apiserver.crt"
+
+    @property
+    def serving_key(self) -> pathlib.Path:
+        return self.dir / "apiserver.key"
+
+    @property
+    def sa_public_key(self) -> pathlib.Path:
+        return self.dir / "sa.pub"
+
+    @property
+    def sa_private_key(self) -> pathlib.Path:
+        return self.dir / "sa.key"
+
+    def client_cert(self, name: str) -> pathlib.Path:
+        return self.dir / f"{name}.crt"
+
+    def client_key(self, name: str) -> pathlib.Path:
+        return self.dir / f"{name}.key"
+
+
+def _new_key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _write_key(path: pathlib.Path, key: ec.EllipticCurvePrivateKey) -> None:
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    path.chmod(0o600)
+
+
+def _write_cert(path: pathlib.Path, cert: x509.Certificate) -> None:
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def _name(common_name: str, organizations: tuple[str, ...] = ()) -> x509.Name:
+    attributes = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
+    attributes.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
+    return x509.Name(attributes)
+
+
+def _builder(
+    subject: x509.Name, issuer: x509.Name, key: ec.EllipticCurvePrivateKey
+) -> x509.CertificateBuilder:
+    now = datetime.datetime.now(datetime.UTC)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - BACKDATE)
+        .not_valid_after(now + VALIDITY)
+    )
+
+
+def _leaf(
+    builder: x509.CertificateBuilder, usage: x509.ObjectIdentifier, ca_key: ec.EllipticCurvePrivateKey
+) -> x509.Certificate:
+    return (
+        builder.add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+
+
+def generate(directory: pathlib.Path) -> Pki:
+    """Write a fresh CA, serving certificate, client certificates and service-account key pair."""
+    directory.mkdir(parents=True, exist_ok=True)
+    pki = Pki(directory)
+
+    ca_key = _new_key()
+    ca_name = _name("epd-testenv-ca")
+    ca_cert = (
+        _builder(ca_name, ca_name, ca_key)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    _write_key(pki.ca_key, ca_key)
+    _write_cert(pki.ca_cert, ca_cert)
+
+    serving_key = _new_key()
+    alt_names: list[x509.GeneralName] = [x509.DNSName(n) for n in SERVING_DNS_NAMES]
+    alt_names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in SERVING_IPS]
+    serving = _builder(_name("kube-apiserver"), ca_name, serving_key).add_extension(
+        x509.SubjectAlternativeName(alt_names), critical=False
+    )
+    _write_key(pki.serving_key, serving_key)
+    _write_cert(pki.serving_cert, _leaf(serving, ExtendedKeyUsageOID.SERVER_AUTH, ca_key))
+
+    for identity in CLIENTS:
+        key = _new_key()
+        builder = _builder(_name(identity.user, identity.groups), ca_name, key)
+        _write_key(pki.client_key(identity.name), key)
+        _write_cert(pki.client_cert(identity.name), _leaf(builder, ExtendedKeyUsageOID.CLIENT_AUTH, ca_key))
+
+    sa_key = _new_key()
+    _write_key(pki.sa_private_key, sa_key)
+    pki.sa_public_key.write_bytes(
+        sa_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    return pki

@@ -242,10 +242,10 @@ def check_host_port(field: str, value: str) -> str:
 def check_master_address(field: str, value: str) -> str:
     """HOST:PORT, or the HA client forms etcd://H:P[;H:P...], redis://H:P, k8s://NAMESPACE/LEASE."""
     scheme, sep, rest = value.partition("://")
-    if not sep:
-        return check_host_port(field, value)
     ok = False
-    if scheme == "etcd":
+    if not sep:
+        ok = (m := HOST_PORT_RE.match(value)) is not None and valid_port(m.group(2))
+    elif scheme == "etcd":
         ok = all((m := HOST_PORT_RE.match(e)) is not None and valid_port(m.group(2)) for e in rest.split(";"))
     elif scheme == "redis":
         ok = (m := HOST_PORT_RE.match(rest)) is not None and valid_port(m.group(2))

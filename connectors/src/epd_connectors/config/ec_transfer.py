@@ -22,6 +22,7 @@ from epd_connectors.config._ec_extra import (
     ECMooncakeProducerExtra,
     MooncakeProtocol,
 )
+from epd_connectors.config._ec_ports import ec_consumer_ports, zmq_tcp
 from epd_connectors.config._ec_store_key import (
     EMBEDDING_VALUE_HEADER_BYTES,
     EmbeddingHeader,
@@ -216,31 +217,12 @@ def parse_ec_transfer_config(text: str) -> ECMooncakeProducer | ECMooncakeConsum
         raise ConfigError(describe_validation_error(exc)) from exc
 
 
-def ec_consumer_ports(ec_port: int, tensor_parallel_size: int, data_parallel_size: int = 1) -> list[int]:
-    """Control ports of a consumer, DP replica major: TP rank r of replica d listens on ec_port + d*tp + r."""
-    if tensor_parallel_size < 1 or data_parallel_size < 1:
-        raise ValueError(
-            f"tensor_parallel_size, data_parallel_size = {tensor_parallel_size}, {data_parallel_size}: "
-            "must be at least 1. Fix: give the consumer's real parallel sizes"
-        )
-    return [
-        ec_port + d * tensor_parallel_size + r
-        for d in range(data_parallel_size)
-        for r in range(tensor_parallel_size)
-    ]
-
-
-def _zmq_tcp(host: str, port: int) -> str:
-    # vLLM's make_zmq_path brackets IPv6 literals.
-    return f"tcp://[{host}]:{port}" if ":" in host and not host.startswith("[") else f"tcp://{host}:{port}"
-
-
 def ec_consumer_addresses(
     consumer: ECMooncakeConsumer, tensor_parallel_size: int, data_parallel_size: int = 1
 ) -> list[str]:
     """Every control address a consumer listens on (``tcp://ec_ip:port``), in ``ec_consumer_ports`` order."""
     ports = ec_consumer_ports(consumer.ec_port, tensor_parallel_size, data_parallel_size)
-    return [_zmq_tcp(consumer.ec_ip, port) for port in ports]
+    return [zmq_tcp(consumer.ec_ip, port) for port in ports]
 
 
 def ec_consumer_control_address(
@@ -248,7 +230,7 @@ def ec_consumer_control_address(
 ) -> str:
     """The address the proxy sends an encoder as ``consumer_zmq`` for one DP replica of a consumer: its TP
     rank 0 port, which advertises the replica's other TP ranks."""
-    return _zmq_tcp(consumer.ec_ip, consumer.ec_port + data_parallel_index * tensor_parallel_size)
+    return zmq_tcp(consumer.ec_ip, consumer.ec_port + data_parallel_index * tensor_parallel_size)
 
 
 def check_encoder(

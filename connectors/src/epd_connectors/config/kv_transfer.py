@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 KVRole = Literal["kv_producer", "kv_consumer", "kv_both"]
 BufferDevice = Literal["cuda", "cpu", "xpu"]
 
+DEFAULT_BOOTSTRAP_PORT = 8998
+"""vLLM's VLLM_MOONCAKE_BOOTSTRAP_PORT when the variable is unset."""
+
 HASH_SEED_ALGOS = frozenset({"xxhash", "xxhash_cbor"})
 """Prefix-caching hash algorithms that seed per process: store sharers then need one PYTHONHASHSEED."""
 
@@ -300,9 +303,38 @@ def check_kv(kv: AnyKVConfig | None, server: VllmServerConfig) -> list[str]:
                     "use MooncakeStoreConnector",
                 )
             )
+        if isinstance(child, MooncakeConnectorConfig):
+            found.extend(_bootstrap_problems(server))
         if isinstance(child, MooncakeStoreConnectorConfig):
             found.extend(_store_problems(child.kv_connector_extra_config, server))
     return found
+
+
+def _bootstrap_problems(server: VllmServerConfig) -> list[str]:
+    """MooncakeConnector's bootstrap side channel listens on VLLM_MOONCAKE_BOOTSTRAP_PORT + d*tp for DP
+    replica d (vLLM 0.33 get_mooncake_side_channel_port); it must not take the HTTP port or leave 1..65535."""
+    base = server.mooncake_bootstrap_port or DEFAULT_BOOTSTRAP_PORT
+    tp, dp = server.tensor_parallel_size, server.data_parallel_size
+    ports = range(base, base + (dp - 1) * tp + 1, tp)
+    if server.port in ports:
+        return [
+            problem(
+                "vllm.mooncake_bootstrap_port",
+                base,
+                f"MooncakeConnector's bootstrap port collides with the HTTP port {server.port}",
+                "give each its own port",
+            )
+        ]
+    if ports[-1] > _transfer_common.MAX_PORT:
+        return [
+            problem(
+                "vllm.mooncake_bootstrap_port",
+                base,
+                f"the DP replicas' bootstrap ports reach {ports[-1]}",
+                "use a lower port",
+            )
+        ]
+    return []
 
 
 def _store_problems(extra: MooncakeStoreExtra, server: VllmServerConfig) -> list[str]:

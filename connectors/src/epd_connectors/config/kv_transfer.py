@@ -12,14 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import (
-    Discriminator,
-    Field,
-    Tag,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from epd_connectors.config import _transfer_common
 from epd_connectors.config._kv_extra import (
@@ -27,12 +20,33 @@ from epd_connectors.config._kv_extra import (
     MooncakeP2PExtra,
     MooncakeStoreExtra,
     list_to_tuple,
+    store_tp_lcm,
 )
 from epd_connectors.config._transfer_common import TransferModel, problem
 from epd_connectors.config.base import ConfigError, describe_validation_error, rule_error
 
 if TYPE_CHECKING:
     from epd_connectors.config.vllm import VllmServerConfig
+
+__all__ = [
+    "AnyKVConfig",
+    "ChildKVConfig",
+    "ExampleKVConnectorConfig",
+    "ExampleKVExtra",
+    "KVRole",
+    "KVTransferConfig",
+    "MooncakeConnectorConfig",
+    "MooncakeP2PExtra",
+    "MooncakeStoreConnectorConfig",
+    "MooncakeStoreExtra",
+    "MultiConnectorConfig",
+    "MultiExtra",
+    "check_kv",
+    "connectors_of",
+    "parse_kv_transfer_config",
+    "store_tp_lcm",
+]
+
 KVRole = Literal["kv_producer", "kv_consumer", "kv_both"]
 BufferDevice = Literal["cuda", "cpu", "xpu"]
 
@@ -173,9 +187,7 @@ class MultiConnectorConfig(_KVBase):
         children = self.kv_connector_extra_config.connectors
         field = "kv_connector_extra_config.connectors"
         if len(children) < 2:
-            raise rule_error(
-                field, len(children), "a MultiConnector needs two children", "use the child alone"
-            )
+            raise rule_error(field, len(children), "a MultiConnector needs two children", "use the child alone")
         names = [child.kv_connector for child in children]
         for name in set(names):
             if names.count(name) > 1:
@@ -184,9 +196,7 @@ class MultiConnectorConfig(_KVBase):
             # vLLM 0.33 builds each child with KVTransferConfig(**child, engine_id=...): a child engine_id is
             # a duplicate keyword argument and the engine fails to start.
             if child.engine_id is not None:
-                raise rule_error(
-                    f"{field}[{i}].engine_id", child.engine_id, "vLLM passes the parent's", "drop it"
-                )
+                raise rule_error(f"{field}[{i}].engine_id", child.engine_id, "vLLM passes the parent's", "drop it")
             if child.kv_role not in _CHILD_ROLES[self.kv_role]:
                 raise rule_error(
                     f"{field}[{i}].kv_role",
@@ -275,11 +285,7 @@ def check_kv(kv: AnyKVConfig | None, server: VllmServerConfig) -> list[str]:
     role = server.role
     if kv is None:
         if role in ("prefill", "decode"):
-            return [
-                problem(
-                    "kv_transfer_config", None, f"a {role} instance needs a KV connector", "give a KV config"
-                )
-            ]
+            return [problem("kv_transfer_config", None, f"a {role} instance needs a KV connector", "give a KV config")]
         return []
     if role == "encoder":
         return [problem("kv_transfer_config", kv.kv_connector, "encoders hold no KV cache", "drop it")]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from epd_connectors.config.bundle import VLLM_ROLES, Role, RoleBundle
+from epd_connectors.config.ec_transfer import ECMooncakeConsumer
 from epd_connectors.config.mooncake import StoreMode
 from epd_connectors.config.vllm import SERVER_MODULE
 from epd_connectors.launch.readiness import Dependency
@@ -69,8 +70,12 @@ def plan_launch(
         env.update(bundle.vllm.env())
         if pod_ip:
             env[HOST_IP_ENV] = pod_ip
+        ec = bundle.ec_transfer
+        if pod_ip and isinstance(ec, ECMooncakeConsumer):
+            # The consumer's control server binds and advertises ec_ip; only the pod knows its own IP.
+            ec = ECMooncakeConsumer.model_validate({**ec.model_dump(), "ec_ip": pod_ip})
         vllm_args = bundle.vllm.argv(
-            bundle.ec_transfer,
+            ec,
             bundle.kv_transfer,
             store_offload=mooncake.enable_offload if mooncake is not None else None,
         )

@@ -8,6 +8,10 @@ import math
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import TypeAdapter, ValidationError
+
 from epd_connectors.config.base import ConfigError
 from epd_connectors.config.ec_transfer import (
     ECExampleConnectorConfig,
@@ -23,9 +27,6 @@ from epd_connectors.config.ec_transfer import (
     parse_ec_transfer_config,
 )
 from epd_connectors.config.vllm import VllmServerConfig
-from hypothesis import given
-from hypothesis import strategies as st
-from pydantic import TypeAdapter, ValidationError
 
 pytestmark = pytest.mark.unit
 

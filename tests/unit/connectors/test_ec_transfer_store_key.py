@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from epd_connectors.config.ec_transfer import (
     EMBEDDING_VALUE_HEADER_BYTES,
     EmbeddingHeader,
@@ -12,8 +15,6 @@ from epd_connectors.config.ec_transfer import (
     embedding_value_size,
     parse_embedding_value_header,
 )
-from hypothesis import given
-from hypothesis import strategies as st
 
 pytestmark = pytest.mark.unit
 

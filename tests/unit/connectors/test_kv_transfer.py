@@ -7,6 +7,10 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import TypeAdapter, ValidationError
+
 from epd_connectors.config.base import ConfigError
 from epd_connectors.config.kv_transfer import (
     ExampleKVConnectorConfig,
@@ -19,9 +23,6 @@ from epd_connectors.config.kv_transfer import (
     store_tp_lcm,
 )
 from epd_connectors.config.vllm import VllmServerConfig
-from hypothesis import given
-from hypothesis import strategies as st
-from pydantic import TypeAdapter, ValidationError
 
 pytestmark = pytest.mark.unit
 

@@ -16,9 +16,7 @@ def ec_consumer_ports(ec_port: int, tensor_parallel_size: int, data_parallel_siz
             "must be at least 1. Fix: give the consumer's real parallel sizes"
         )
     return [
-        ec_port + d * tensor_parallel_size + r
-        for d in range(data_parallel_size)
-        for r in range(tensor_parallel_size)
+        ec_port + d * tensor_parallel_size + r for d in range(data_parallel_size) for r in range(tensor_parallel_size)
     ]
 
 

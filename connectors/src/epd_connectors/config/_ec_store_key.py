@@ -77,9 +77,7 @@ def embedding_key(namespace: str, mm_id: str) -> str:
 def embedding_value_header(dtype: EmbeddingDType, tokens: int, hidden: int) -> bytes:
     """The 24 bytes that precede a 2D embedding tensor of shape (tokens, hidden) in the store."""
     if dtype not in _DTYPE_CODES:
-        raise ValueError(
-            f"dtype = {dtype!r}: is not shared across encoders. Fix: use one of {list(_DTYPE_CODES)}"
-        )
+        raise ValueError(f"dtype = {dtype!r}: is not shared across encoders. Fix: use one of {list(_DTYPE_CODES)}")
     if tokens < 0 or hidden < 0:
         raise ValueError(f"shape = {(tokens, hidden)!r}: is negative. Fix: give the tensor's real shape")
     return EMBEDDING_VALUE_HEADER.pack(EMBEDDING_VALUE_MAGIC, _DTYPE_CODES[dtype], tokens, hidden)
@@ -97,9 +95,7 @@ def parse_embedding_value_header(data: bytes) -> EmbeddingHeader:
         raise ValueError(f"magic = {magic:#x}: not an embedding object. Fix: check the key's namespace")
     dtype = _CODE_DTYPES.get(code)
     if dtype is None:
-        raise ValueError(
-            f"dtype code = {code}: unknown. Fix: the writer uses a newer format; change the prefix"
-        )
+        raise ValueError(f"dtype code = {code}: unknown. Fix: the writer uses a newer format; change the prefix")
     return EmbeddingHeader(dtype, tokens, hidden)
 
 

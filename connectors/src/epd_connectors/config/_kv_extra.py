@@ -88,9 +88,7 @@ class MooncakeStoreExtra(TransferModel):
     @classmethod
     def _rpc_port(cls, value: int) -> int:
         if value < 0:
-            raise rule_error(
-                "kv_connector_extra_config.lookup_rpc_port", value, "is negative", "use 0 or more"
-            )
+            raise rule_error("kv_connector_extra_config.lookup_rpc_port", value, "is negative", "use 0 or more")
         return value
 
     @field_validator("store_tp_size")
@@ -98,9 +96,7 @@ class MooncakeStoreExtra(TransferModel):
     def _store_tp(cls, value: int | None) -> int | None:
         if value is not None and value < 1:
             # vLLM ignores it then and silently uses rank-local keys.
-            raise rule_error(
-                "kv_connector_extra_config.store_tp_size", value, "must be positive", "use the LCM"
-            )
+            raise rule_error("kv_connector_extra_config.store_tp_size", value, "must be positive", "use the LCM")
         return value
 
     @field_validator("prefill_tp_sizes")

@@ -111,9 +111,7 @@ class _ECBase(TransferModel):
     def _buffer_positive(cls, value: int) -> int:
         # ECMooncakeConnector registers exactly this many bytes; zero or less fails at engine start.
         if value <= 0:
-            raise rule_error(
-                "ec_buffer_size", value, "must be positive", "use at least one embedding's bytes"
-            )
+            raise rule_error("ec_buffer_size", value, "must be positive", "use at least one embedding's bytes")
         return value
 
     @field_validator("ec_port")
@@ -248,9 +246,7 @@ def check_encoder(
     if server.role != "encoder":
         found.append(problem("vllm.role", server.role, "is not an encoder", "use check_consumer for it"))
     if ec.ec_role not in ("ec_producer", "ec_both") or isinstance(ec, ECMooncakeConsumer):
-        found.append(
-            problem("ec_transfer_config.ec_role", ec.ec_role, "an encoder must produce", "use ec_producer")
-        )
+        found.append(problem("ec_transfer_config.ec_role", ec.ec_role, "an encoder must produce", "use ec_producer"))
     if not isinstance(ec, ECMooncakeProducer):
         return found
     # vLLM 0.33: MooncakeECConfig.from_vllm_config refuses every parallel layout on a producer.
@@ -322,9 +318,7 @@ def check_consumer(
     found: list[str] = []
     if server.role not in ("prefill", "pd"):
         found.append(
-            problem(
-                "vllm.role", server.role, "only prefill and pd consume encoder output", "drop the EC config"
-            )
+            problem("vllm.role", server.role, "only prefill and pd consume encoder output", "drop the EC config")
         )
     if ec.ec_role not in ("ec_consumer", "ec_both") or isinstance(ec, ECMooncakeProducer):
         found.append(

@@ -191,18 +191,14 @@ class VllmServerConfig(ConfigModel):
     @classmethod
     def _positive_ints(cls, value: int | None, info: object) -> int | None:
         if value is not None and value < 1:
-            raise rule_error(
-                getattr(info, "field_name", "size"), value, "must be at least 1", "use 1 or more"
-            )
+            raise rule_error(getattr(info, "field_name", "size"), value, "must be at least 1", "use 1 or more")
         return value
 
     @field_validator("mm_processor_cache_gb")
     @classmethod
     def _cache_gb(cls, value: float) -> float:
         if not 0 <= value < float("inf"):
-            raise rule_error(
-                "mm_processor_cache_gb", value, "must be a finite number >= 0", "use 4 (vLLM default)"
-            )
+            raise rule_error("mm_processor_cache_gb", value, "must be a finite number >= 0", "use 4 (vLLM default)")
         return value
 
     @field_validator("python_hash_seed")
@@ -210,9 +206,7 @@ class VllmServerConfig(ConfigModel):
     def _seed(cls, value: int | None) -> int | None:
         # Python refuses to start with a PYTHONHASHSEED outside 0..4294967295.
         if value is not None and not 0 <= value <= 4294967295:
-            raise rule_error(
-                "python_hash_seed", value, "is outside 0..4294967295", "use a 32-bit unsigned value"
-            )
+            raise rule_error("python_hash_seed", value, "is outside 0..4294967295", "use a 32-bit unsigned value")
         return value
 
     @field_validator("extra_args")
@@ -278,9 +272,7 @@ class VllmServerConfig(ConfigModel):
         found: list[str] = []
         if ec is None and self.role == "encoder":
             found.append(
-                _transfer_common.problem(
-                    "ec_transfer_config", None, "an encoder needs an EC connector", "give one"
-                )
+                _transfer_common.problem("ec_transfer_config", None, "an encoder needs an EC connector", "give one")
             )
         elif ec is not None and self.role == "decode":
             found.append(

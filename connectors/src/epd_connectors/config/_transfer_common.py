@@ -21,9 +21,6 @@ TRANSFER_MODEL_CONFIG = ConfigDict(extra="forbid", frozen=True, populate_by_name
 MAX_PORT = 65535
 """The highest TCP port number."""
 
-# Host strings that bind every interface: fine for a listener, useless as an address a peer dials.
-WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "[::]", ""})
-
 
 class TransferModel(ConfigModel):
     """A transfer config that renders to the one-line JSON its vLLM flag takes, and parses back from it."""

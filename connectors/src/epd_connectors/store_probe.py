@@ -69,6 +69,39 @@ def wait_for_master(health_url: str, timeout_s: float = DEFAULT_WAIT_S, interval
         time.sleep(interval_s)
 
 
+def master_capacity_bytes(metrics_url: str) -> int:
+    """Bytes of pool mounted on the master (its ``master_total_capacity_bytes`` gauge); 0 if absent."""
+    with urllib.request.urlopen(metrics_url, timeout=2.0) as response:
+        text = response.read().decode()
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name == "master_total_capacity_bytes":
+            return int(float(value))
+    return 0
+
+
+def wait_for_capacity(
+    metrics_url: str, at_least: int, timeout_s: float = DEFAULT_WAIT_S, interval_s: float = 0.1
+) -> int:
+    """Wait until store owners have mounted ``at_least`` bytes (a standalone-store requester has nowhere to
+    put data before that); returns the capacity, raises TimeoutError naming what was seen."""
+    deadline = time.monotonic() + timeout_s
+    seen = 0
+    while True:
+        try:
+            seen = master_capacity_bytes(metrics_url)
+        except (urllib.error.URLError, OSError, ValueError):
+            seen = 0
+        if seen >= at_least:
+            return seen
+        if time.monotonic() >= deadline:
+            raise TimeoutError(
+                f"Mooncake pool at {metrics_url} holds {seen} bytes after {timeout_s:.0f} s, "
+                f"expected at least {at_least}"
+            )
+        time.sleep(interval_s)
+
+
 def open_store(config: MooncakeStoreConfig, local_hostname: str) -> Any:
     """A set-up ``MooncakeDistributedStore`` for this config (the caller closes it).
 

@@ -158,7 +158,15 @@ def test_env() -> None:
 
 
 def test_model_must_be_given() -> None:
-    assert "model = '': is empty. Fix: give the model path" in rejection(model="")
+    assert "model = '': is empty. Fix: give the model" in rejection(model="")
+    assert "served_model_name = ' ': is empty. Fix: give the served model name" in rejection(served_model_name=" ")
+    assert "host = '': is empty. Fix: give the host" in rejection(host="")
+
+
+@pytest.mark.parametrize("field", ["model", "served_model_name", "host"])
+def test_flag_values_do_not_look_like_flags(field: str) -> None:
+    message = rejection(**{field: "--x"})
+    assert f"{field} = '--x': starts with '-' (argparse would take it for a flag). Fix: rename it" in message
 
 
 @pytest.mark.parametrize("field", ["port", "mooncake_bootstrap_port"])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import field_validator, model_validator
+from pydantic import ValidationInfo, field_validator, model_validator
 
 from epd_connectors.config import _transfer_common
 from epd_connectors.config._ec_store_key import EMBEDDING_VALUE_HEADER_BYTES
@@ -44,7 +44,7 @@ class _MooncakeExtraBase(TransferModel):
 
     @field_validator("control_timeout_s", "push_wait_timeout_s")
     @classmethod
-    def _timeouts_positive(cls, value: float, info: Any) -> float:
+    def _timeouts_positive(cls, value: float, info: ValidationInfo) -> float:
         return _transfer_common.check_positive(f"ec_connector_extra_config.{info.field_name}", value)
 
 
@@ -72,7 +72,7 @@ class ECMooncakeProducerExtra(_MooncakeExtraBase):
 
     @field_validator("store_max_pending_items", "store_max_pending_bytes", "store_read_buffer_bytes")
     @classmethod
-    def _budgets_positive(cls, value: int, info: Any) -> int:
+    def _budgets_positive(cls, value: int, info: ValidationInfo) -> int:
         if value <= 0:
             raise rule_error(
                 f"ec_connector_extra_config.{info.field_name}",

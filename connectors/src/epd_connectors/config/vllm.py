@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, field_validator, model_validator
+from pydantic import BeforeValidator, ValidationInfo, field_validator, model_validator
 
 from epd_connectors.config import _transfer_common
 from epd_connectors.config.base import ConfigError, ConfigModel, rule_error
@@ -168,18 +168,21 @@ class VllmServerConfig(ConfigModel):
     extra_args: Annotated[tuple[str, ...], BeforeValidator(_as_tuple)] = ()
     """Further vLLM arguments, appended last; may not set a flag this model owns."""
 
-    @field_validator("model")
+    @field_validator("model", "served_model_name", "host")
     @classmethod
-    def _model(cls, value: str) -> str:
-        if not value.strip():
-            raise rule_error("model", value, "is empty", "give the model path")
+    def _word(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # Each is the value of a flag: empty, or starting with '-', argparse would read it wrongly.
+        name = info.field_name or "value"
+        if value is not None and not value.strip():
+            raise rule_error(name, value, "is empty", f"give the {name.replace('_', ' ')}")
+        if value is not None and value.startswith("-"):
+            raise rule_error(name, value, "starts with '-' (argparse would take it for a flag)", "rename it")
         return value
 
     @field_validator("port", "mooncake_bootstrap_port")
     @classmethod
-    def _ports(cls, value: int | None, info: object) -> int | None:
-        name = getattr(info, "field_name", "port")
-        return None if value is None else _transfer_common.check_port(name, value)
+    def _ports(cls, value: int | None, info: ValidationInfo) -> int | None:
+        return None if value is None else _transfer_common.check_port(info.field_name or "port", value)
 
     @field_validator(
         "tensor_parallel_size",
@@ -189,9 +192,9 @@ class VllmServerConfig(ConfigModel):
         "max_num_batched_tokens",
     )
     @classmethod
-    def _positive_ints(cls, value: int | None, info: object) -> int | None:
+    def _positive_ints(cls, value: int | None, info: ValidationInfo) -> int | None:
         if value is not None and value < 1:
-            raise rule_error(getattr(info, "field_name", "size"), value, "must be at least 1", "use 1 or more")
+            raise rule_error(info.field_name or "size", value, "must be at least 1", "use 1 or more")
         return value
 
     @field_validator("mm_processor_cache_gb")

@@ -138,7 +138,8 @@ _ChildConfig = MooncakeConnectorConfig | MooncakeStoreConnectorConfig | ExampleK
 
 def _kv_tag(value: Any) -> str | None:
     connector = value.get("kv_connector") if isinstance(value, dict) else getattr(value, "kv_connector", None)
-    return connector if connector in _BY_NAME else None
+    # A non-string (a user's typo'd structure) is simply no known connector, never a TypeError.
+    return connector if isinstance(connector, str) and connector in _BY_NAME else None
 
 
 ChildKVConfig = Annotated[
@@ -229,7 +230,7 @@ _TOP_BY_NAME = {**_BY_NAME, "MultiConnector": MultiConnectorConfig}
 
 def _top_tag(value: Any) -> str | None:
     connector = value.get("kv_connector") if isinstance(value, dict) else getattr(value, "kv_connector", None)
-    return connector if connector in _TOP_BY_NAME else None
+    return connector if isinstance(connector, str) and connector in _TOP_BY_NAME else None
 
 
 KVTransferConfig = Annotated[

@@ -55,6 +55,14 @@ class Process:
         text = self.log.read_text(errors="replace") if self.log.exists() else ""
         return "\n".join(text.splitlines()[-lines:])
 
+    def wait_for_log(self, needle: str, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Wait until the process has logged ``needle`` (for states no endpoint reports)."""
+        deadline = time.monotonic() + timeout_s
+        while needle not in self.log.read_text(errors="replace"):
+            if not self.alive() or time.monotonic() > deadline:
+                pytest.fail(f"{self.name}: {needle!r} not logged:\n{self.tail()}")
+            time.sleep(0.05)
+
     def stop(self) -> None:
         if self.alive():
             self.popen.send_signal(signal.SIGTERM)
@@ -106,7 +114,7 @@ class Mooncake:
     processes: list[Process] = field(default_factory=list)
     stores: list[Any] = field(default_factory=list)
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
+    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
         log = self.workdir / f"{name}.log"
         argv = [str(BIN_DIR / argv[0]), *argv[1:]]
         with log.open("wb") as out:
@@ -137,7 +145,7 @@ class Mooncake:
         config = MasterConfig.model_validate(data)
         for path, content in config.files().items():
             Path(path).write_text(content)
-        process = self._spawn(f"master-{config.rpc_port}", config.argv())
+        process = self.spawn(f"master-{config.rpc_port}", config.argv())
 
         def healthy() -> bool:
             try:
@@ -162,7 +170,7 @@ class Mooncake:
         data.update(fields)
         config = StoreClientConfig.model_validate(data)
         before = store_probe.master_capacity_bytes(master.metrics_url)
-        process = self._spawn(f"client-{config.port}", config.argv(), config.env())
+        process = self.spawn(f"client-{config.port}", config.argv(), config.env())
         wanted = before + config.global_segment_size
         self._wait(process, "mounted segment", lambda: store_probe.master_capacity_bytes(master.metrics_url) >= wanted)
         return RunningClient(config, process)

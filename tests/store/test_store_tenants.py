@@ -11,7 +11,7 @@ from epd_connectors.config.master import TenantQuotaPolicy
 from epd_connectors.config.mooncake import MooncakeStoreConfig
 
 if TYPE_CHECKING:
-    from tests.store.conftest import Mooncake
+    from .conftest import Mooncake
 
 pytestmark = pytest.mark.store
 

@@ -6,10 +6,11 @@ from typing import Any
 
 import pytest
 import yaml
-from epd_connectors.config.master import HABackend, HAConfig, MasterConfig, TenantQuotaPolicy
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
+
+from epd_connectors.config.master import HABackend, HAConfig, MasterConfig, TenantQuotaPolicy
 
 pytestmark = pytest.mark.unit
 
@@ -172,9 +173,7 @@ def test_policy_path_must_be_absolute() -> None:
 @pytest.mark.parametrize("port", [0, 65536, -1])
 def test_port_rule(field: str, port: int) -> None:
     msg = master_message(**{field: port})
-    assert (
-        msg == f"Value error, {field} = {port}: a TCP port is 1..65535. Fix: choose a free port in 1..65535"
-    )
+    assert msg == f"Value error, {field} = {port}: a TCP port is 1..65535. Fix: choose a free port in 1..65535"
 
 
 def test_port_collision_rule() -> None:
@@ -198,10 +197,7 @@ def test_ratio_rule(field: str, ratio: float) -> None:
 
 @pytest.mark.parametrize("field", ["default_kv_lease_ttl_ms", "client_ttl_s"])
 def test_ttl_rule(field: str) -> None:
-    assert (
-        master_message(**{field: 0})
-        == f"Value error, {field} = 0: must be positive. Fix: give a positive integer"
-    )
+    assert master_message(**{field: 0}) == f"Value error, {field} = 0: must be positive. Fix: give a positive integer"
 
 
 def test_ha_needs_the_pods_own_rpc_address() -> None:
@@ -237,9 +233,7 @@ def test_oplog_needs_etcd() -> None:
     with pytest.raises(ValidationError) as info:
         HAConfig(backend=HABackend.REDIS, endpoints=("r:6379",), enable_oplog=True)
     msg = str(info.value.errors()[0]["msg"])
-    assert msg.startswith(
-        "Value error, ha.enable_oplog = True: Mooncake replicates the oplog only through etcd"
-    )
+    assert msg.startswith("Value error, ha.enable_oplog = True: Mooncake replicates the oplog only through etcd")
     assert "Fix: use backend etcd, or set enable_oplog false" in msg
 
 
@@ -254,9 +248,7 @@ def test_policy_yaml_is_what_mooncake_reads() -> None:
 
 def test_policy_reads_mooncakes_own_format() -> None:
     # What Mooncake's FormatTenantQuotaPolicyYaml writes back after an admin update (quoted names, bytes).
-    text = (
-        'version: 1\n\ntenants:\n  - name: "team-a"\n    quota: 1073741824\n  - name: "b"\n    quota: 2GB\n'
-    )
+    text = 'version: 1\n\ntenants:\n  - name: "team-a"\n    quota: 1073741824\n  - name: "b"\n    quota: 2GB\n'
     policy = TenantQuotaPolicy.from_yaml(text)
     assert [(t.name, t.quota) for t in policy.tenants] == [("team-a", GiB), ("b", 2 * GiB)]
 
@@ -297,9 +289,7 @@ def test_policy_yaml_round_trip_is_exact(quotas: dict[str, int]) -> None:
 
 _yaml_values = st.recursive(
     st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=10)),
-    lambda inner: st.one_of(
-        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)
-    ),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)),
     max_leaves=8,
 )
 

@@ -6,10 +6,11 @@ import json
 from typing import Any
 
 import pytest
-from epd_connectors.config.mooncake import MooncakeStoreConfig, Protocol, StoreMode
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
+
+from epd_connectors.config.mooncake import MooncakeStoreConfig, Protocol, StoreMode
 
 pytestmark = pytest.mark.unit
 
@@ -63,9 +64,7 @@ def test_standalone_store_defaults_segment_to_zero() -> None:
 
 def test_renders_every_vllm_key_in_order_with_byte_integers() -> None:
     config = MooncakeStoreConfig.model_validate(
-        base_fields(
-            mode="standalone-store", local_buffer_size="512 MiB", tenant_id="team-a", enable_offload=True
-        )
+        base_fields(mode="standalone-store", local_buffer_size="512 MiB", tenant_id="team-a", enable_offload=True)
     )
     assert json.loads(config.to_json()) == {
         "metadata_server": "P2PHANDSHAKE",
@@ -197,9 +196,7 @@ _tenants = st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,20}\Z")
 def valid_configs(draw: st.DrawFn) -> MooncakeStoreConfig:
     mode = draw(st.sampled_from(list(StoreMode)))
     segment = 0 if mode is StoreMode.STANDALONE_STORE else draw(st.integers(1, 2**40))
-    metadata = draw(
-        st.one_of(st.just("P2PHANDSHAKE"), st.builds("http://{}:{}/metadata".format, _hosts, _ports))
-    )
+    metadata = draw(st.one_of(st.just("P2PHANDSHAKE"), st.builds("http://{}:{}/metadata".format, _hosts, _ports)))
     return MooncakeStoreConfig(
         metadata_server=metadata,
         master_server_address=f"{draw(_hosts)}:{draw(_ports)}",
@@ -245,9 +242,7 @@ _bad_tenants = st.one_of(
     st.text(min_size=1, max_size=10).map(lambda s: "_" + s),
     st.text(min_size=64, max_size=80, alphabet="abc"),
     st.text(min_size=1, max_size=10).filter(lambda s: any(not (c.isascii() and c.isalnum()) for c in s[:1])),
-    st.builds(
-        "{}{}{}".format, st.just("a"), st.sampled_from(list(" /:@\t\n\x7f\x00é*")), st.text(max_size=5)
-    ),
+    st.builds("{}{}{}".format, st.just("a"), st.sampled_from(list(" /:@\t\n\x7f\x00é*")), st.text(max_size=5)),
 )
 
 
@@ -261,9 +256,7 @@ _bad_addresses = st.one_of(
     _hosts,  # no port
     st.builds("{}:{}".format, _hosts, st.integers(min_value=65536)),
     st.builds("{}:{}".format, _hosts, st.integers(max_value=0)),
-    st.builds(
-        "{}://{}".format, st.sampled_from(["http", "tcp", "etcd", "redis"]), st.text(" /@", max_size=3)
-    ),
+    st.builds("{}://{}".format, st.sampled_from(["http", "tcp", "etcd", "redis"]), st.text(" /@", max_size=3)),
     st.text(alphabet=" \t/@#?", min_size=1, max_size=5),
 )
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from epd_connectors.config.sizes import MAX_SIZE, ByteSize, format_size, parse_size
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
+
+from epd_connectors.config.sizes import MAX_SIZE, ByteSize, format_size, parse_size
 
 pytestmark = pytest.mark.unit
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from epd_connectors.config.mooncake import StoreMode
-from epd_connectors.config.store_client import OFFLOAD_PATH_ENV, StoreClientConfig
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
+
+from epd_connectors.config.mooncake import StoreMode
+from epd_connectors.config.store_client import OFFLOAD_PATH_ENV, StoreClientConfig
 
 pytestmark = pytest.mark.unit
 
@@ -128,10 +129,7 @@ def test_path_without_offload_is_refused() -> None:
 
 
 def test_threads_rule() -> None:
-    assert (
-        rule_message(threads=0)
-        == "Value error, threads = 0: the RPC service needs a thread. Fix: give 1 or more"
-    )
+    assert rule_message(threads=0) == "Value error, threads = 0: the RPC service needs a thread. Fix: give 1 or more"
 
 
 @pytest.mark.parametrize(

@@ -74,9 +74,7 @@ class TenantQuotaPolicy(base.ConfigModel):
         seen: set[str] = set()
         for tenant in self.tenants:
             if tenant.name in seen:
-                raise base.rule_error(
-                    "tenants", tenant.name, "a tenant is listed twice", "list each tenant name once"
-                )
+                raise base.rule_error("tenants", tenant.name, "a tenant is listed twice", "list each tenant name once")
             seen.add(tenant.name)
         return self
 
@@ -140,9 +138,7 @@ class HAConfig(base.ConfigModel):
                 )
             mc.check_master_address("ha.k8s_lease", f"k8s://{self.k8s_lease}")
         else:
-            wanted = (
-                "one or more etcd members" if self.backend is HABackend.ETCD else "exactly one redis server"
-            )
+            wanted = "one or more etcd members" if self.backend is HABackend.ETCD else "exactly one redis server"
             count_ok = len(self.endpoints) == 1 if self.backend is HABackend.REDIS else bool(self.endpoints)
             if not count_ok or self.k8s_lease:
                 raise base.rule_error(
@@ -264,9 +260,7 @@ class MasterConfig(base.ConfigModel):
 
     @model_validator(mode="after")
     def _check_combinations(self) -> Self:
-        if self.enable_multi_tenants and (
-            self.tenant_quota_policy is None or not self.tenant_quota_policy_path
-        ):
+        if self.enable_multi_tenants and (self.tenant_quota_policy is None or not self.tenant_quota_policy_path):
             raise base.rule_error(
                 "enable_multi_tenants",
                 True,

@@ -202,9 +202,7 @@ class StoreClientConfig(base.ConfigModel):
         for arg in argv[1:]:
             flag, sep, value = arg.removeprefix("--").partition("=")
             if not arg.startswith("--") or not sep or flag not in names:
-                raise ValueError(
-                    f"argv = {arg!r}: not a mooncake_client flag we render. Fix: use --flag=value"
-                )
+                raise ValueError(f"argv = {arg!r}: not a mooncake_client flag we render. Fix: use --flag=value")
             is_bool = flag in ("enable_offload", "enable_http_server")
             data[names[flag]] = {"true": True, "false": False}.get(value, value) if is_bool else value
         offload_path = (env or {}).get(OFFLOAD_PATH_ENV)
@@ -212,9 +210,7 @@ class StoreClientConfig(base.ConfigModel):
             data["offload_path"] = offload_path
         return cls.model_validate(data)
 
-    def requester_config(
-        self, local_buffer_size: int | str = mc.DEFAULT_SEGMENT_SIZE
-    ) -> mc.MooncakeStoreConfig:
+    def requester_config(self, local_buffer_size: int | str = mc.DEFAULT_SEGMENT_SIZE) -> mc.MooncakeStoreConfig:
         """The vLLM JSON of a pure requester of this owner (standalone-store, segment 0), agreeing with it
         on master, metadata server, protocol, devices, tenant and offload."""
         return mc.MooncakeStoreConfig.model_validate(

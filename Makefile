@@ -11,7 +11,7 @@ KUBECONFIG_PATH := .run/cluster/kubeconfig
 export PATH := $(CURDIR)/$(BIN_DIR):$(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: help setup setup-apt setup-python setup-k8s-tools lint fmt test test-unit test-cluster test-store \
-        cluster-up cluster-down demo bench clean
+        cluster-up cluster-down demo bench clean crds
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -36,6 +36,9 @@ lint: setup-python ## ruff, mypy and the import layers
 fmt: setup-python ## format the code
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
+
+crds: setup-python ## regenerate crds/ from the API models
+	$(PY) -m epd_operator.api > crds/epddeployments.yaml
 
 test: setup ## every test tier: unit, store (real Mooncake), cluster (real control plane)
 	$(PYTEST)

@@ -1,0 +1,70 @@
+"""Names shared by every layer: the API group, label and annotation keys, condition types, the field manager.
+
+Named once here so that a label written by render and read by status can never drift apart.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+GROUP: Final = "epd.serving.io"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "EPDDeployment"
+PLURAL: Final = "epddeployments"
+SINGULAR: Final = "epddeployment"
+SHORT_NAMES: Final = ("epd",)
+
+FIELD_MANAGER: Final = "epd-operator"
+"""The one server-side-apply field manager for everything the operator writes."""
+
+# Recommended labels (kubernetes.io/docs/concepts/overview/working-with-objects/common-labels) plus our role.
+LABEL_NAME: Final = "app.kubernetes.io/name"
+LABEL_INSTANCE: Final = "app.kubernetes.io/instance"
+LABEL_COMPONENT: Final = "app.kubernetes.io/component"
+LABEL_PART_OF: Final = "app.kubernetes.io/part-of"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+LABEL_VERSION: Final = "app.kubernetes.io/version"
+LABEL_ROLE: Final = f"{GROUP}/role"
+LABEL_DEPLOYMENT: Final = f"{GROUP}/deployment"
+"""Selects every child of one EPDDeployment (value: its name); used by the NetworkPolicy and by status."""
+
+APP_NAME: Final = "epd"
+MANAGED_BY: Final = "epd-operator"
+
+ANNOTATION_BUNDLE_HASH: Final = f"{GROUP}/bundle-hash"
+"""On a role's pod template: the hash of its bundle, so a bundle change rolls exactly that role."""
+
+# Roles as they appear in labels, object names and status.roles.
+ROLE_MASTER: Final = "master"
+ROLE_STORE_CLIENT: Final = "store-client"
+ROLE_ENCODER: Final = "encoder"
+ROLE_PREFILL: Final = "prefill"
+ROLE_DECODE: Final = "decode"
+ROLE_PD: Final = "pd"
+ROLE_PROXY: Final = "proxy"
+
+# Condition types, in the order status reports them.
+COND_VALID: Final = "Valid"
+COND_STORE_READY: Final = "StoreReady"
+COND_ENCODERS_READY: Final = "EncodersReady"
+COND_PREFILL_READY: Final = "PrefillReady"
+COND_DECODE_READY: Final = "DecodeReady"
+COND_PROXY_READY: Final = "ProxyReady"
+COND_READY: Final = "Ready"
+CONDITION_TYPES: Final = (
+    COND_VALID,
+    COND_STORE_READY,
+    COND_ENCODERS_READY,
+    COND_PREFILL_READY,
+    COND_DECODE_READY,
+    COND_PROXY_READY,
+    COND_READY,
+)
+
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+BUNDLE_FILE: Final = "bundle.json"
+BUNDLE_MOUNT_DIR: Final = "/etc/epd"
+WORK_DIR: Final = "/var/run/epd"
+"""An emptyDir in every pod: the launcher writes derived files here (the root filesystem is read-only)."""
+MODEL_MOUNT_DIR: Final = "/models"

@@ -1,0 +1,64 @@
+"""The EPDDeployment status: what the operator reports back (per-role counts, derived values, conditions)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from epd_operator.api._base import ApiModel
+
+Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Invalid"]
+
+
+class RoleStatus(ApiModel):
+    """Replica counts of one role, summed over its workloads."""
+
+    desired: int = 0
+    """Replicas the spec asks for."""
+    ready: int = 0
+    """Replicas whose pods are Ready."""
+    updated: int = 0
+    """Replicas running the current bundle (pod template)."""
+
+
+class Condition(ApiModel):
+    """A standard Kubernetes condition (metav1.Condition)."""
+
+    type: str
+    """Valid, StoreReady, EncodersReady, PrefillReady, DecodeReady, ProxyReady or Ready."""
+    status: Literal["True", "False", "Unknown"]
+    """Whether the condition holds."""
+    reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    """One CamelCase word for machines."""
+    message: str = ""
+    """What a human should know, including the fix for a failure."""
+    observed_generation: int = 0
+    """The spec generation the condition was computed from."""
+    last_transition_time: str
+    """When status last changed (RFC 3339); kept while the status stays the same."""
+
+
+class EPDDeploymentStatus(ApiModel):
+    """Observed state of an EPDDeployment."""
+
+    observed_generation: int = 0
+    """The last spec generation the operator acted on."""
+    phase: Phase = "Pending"
+    """Summary: Pending, Progressing, Ready, Degraded or Invalid."""
+    endpoint: str = ""
+    """The proxy's in-cluster URL (OpenAI-compatible API)."""
+    tenant_id: str = ""
+    """The store tenant every component uses."""
+    embedding_cache_prefix: str = ""
+    """The cross-encoder cache prefix in use."""
+    kv_cache_prefix: str = ""
+    """The KV cache prefix in use."""
+    store_tp_size: int = 0
+    """The store TP (LCM of prefill TP sizes); 0 when no KV store is used."""
+    roles: dict[str, RoleStatus] = {}
+    """Per role (master, storeClients, encoder, prefill, decode, pd, proxy)."""
+    roles_ready: dict[str, str] = {}
+    """"ready/desired" per role, for kubectl's columns."""
+    conditions: list[Condition] = []
+    """Valid, StoreReady, EncodersReady, PrefillReady, DecodeReady, ProxyReady, Ready."""

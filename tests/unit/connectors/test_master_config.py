@@ -214,6 +214,7 @@ def test_ha_needs_the_pods_own_rpc_address() -> None:
         ({"backend": "etcd", "endpoints": ["a:1"], "k8s_lease": "ns/l"}, "ha.endpoints"),
         ({"backend": "k8s"}, "ha.k8s_lease"),
         ({"backend": "k8s", "k8s_lease": "ns/l", "endpoints": ["a:1"]}, "ha.k8s_lease"),
+        ({"backend": "k8s", "k8s_lease": "a/b/c"}, "ha.k8s_lease"),
     ],
 )
 def test_ha_backend_rule(ha: dict[str, Any], field: str) -> None:
@@ -273,6 +274,17 @@ def test_tenant_quota_rules() -> None:
 def test_policy_yaml_must_be_a_map() -> None:
     with pytest.raises(ValueError, match=r"must be a YAML map\. Fix:"):
         TenantQuotaPolicy.from_yaml("- a\n- b\n")
+    with pytest.raises(ValueError, match=r"(?s)not valid YAML .*\. Fix:"):
+        TenantQuotaPolicy.from_yaml("version: [1\n")
+
+
+@given(st.text(max_size=60))
+def test_arbitrary_policy_text_parses_or_raises_value_error(text: str) -> None:
+    try:
+        policy = TenantQuotaPolicy.from_yaml(text)
+    except ValueError:
+        return
+    assert TenantQuotaPolicy.from_yaml(policy.to_yaml()) == policy
 
 
 _names = st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,20}\Z")

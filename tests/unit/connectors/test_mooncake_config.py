@@ -182,6 +182,15 @@ def test_unknown_key_is_refused() -> None:
         MooncakeStoreConfig.model_validate(base_fields(global_segment_sise=1))
 
 
+@given(st.one_of(st.text(max_size=60), st.binary(max_size=60)))
+def test_arbitrary_text_parses_or_raises_value_error(text: str | bytes) -> None:
+    try:
+        config = MooncakeStoreConfig.from_json(text)
+    except ValueError:
+        return
+    assert MooncakeStoreConfig.from_json(config.to_json()) == config
+
+
 def test_from_json_needs_an_object() -> None:
     with pytest.raises(ValueError, match=r"must hold a JSON object\. Fix:"):
         MooncakeStoreConfig.from_json("[1, 2]")

@@ -85,8 +85,13 @@ class TenantQuotaPolicy(base.ConfigModel):
 
     @classmethod
     def from_yaml(cls, text: str) -> TenantQuotaPolicy:
-        """Parse a policy file; raises pydantic.ValidationError (or ValueError for YAML that is not a map)."""
-        data = yaml.safe_load(text)
+        """Parse a policy file; raises ValueError (pydantic.ValidationError for a map that breaks a rule)."""
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ValueError(
+                f"tenant quota policy: not valid YAML ({exc}). Fix: write 'version: 1' and a 'tenants:' list"
+            ) from exc
         if not isinstance(data, dict):
             raise ValueError(
                 f"tenant quota policy = {type(data).__name__}: the file must be a YAML map. "

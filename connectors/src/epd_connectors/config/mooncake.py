@@ -164,7 +164,8 @@ class MooncakeStoreConfig(base.ConfigModel):
 
     @classmethod
     def from_json(cls, text: str | bytes) -> MooncakeStoreConfig:
-        """Parse a file vLLM would read; raises pydantic.ValidationError (or ValueError for bad JSON)."""
+        """Parse a file vLLM would read; raises ValueError (pydantic.ValidationError for an object that breaks
+        a rule, json.JSONDecodeError for text that is not JSON)."""
         data = json.loads(text)
         if not isinstance(data, dict):
             raise ValueError(

@@ -1,4 +1,8 @@
-// The pinned helm client. A module of its own because helm's requirements would move Kubernetes' ones.
+// The pinned helm client.
+// A module of its own: its requirements are newer than Kubernetes' and would move the kube module's.
+// The replace directives pin every module it shares with ../kube to kube's version (written by
+// ../align.sh), so Go compiles each shared package once for all the binaries instead of once per binary.
+// After changing a pinned version, rerun ../align.sh, rebuild and run the cluster tests.
 module epd-operator/tools/k8s/helm
 
 go 1.26.0
@@ -96,13 +100,13 @@ require (
 	gopkg.in/inf.v0 v0.9.1 // indirect
 	gopkg.in/yaml.v3 v3.0.1 // indirect
 	helm.sh/helm/v4 v4.2.4 // indirect
-	k8s.io/api v0.36.1 // indirect
+	k8s.io/api v0.36.3 // indirect
 	k8s.io/apiextensions-apiserver v0.36.1 // indirect
-	k8s.io/apimachinery v0.36.1 // indirect
-	k8s.io/apiserver v0.36.1 // indirect
-	k8s.io/cli-runtime v0.36.1 // indirect
-	k8s.io/client-go v0.36.1 // indirect
-	k8s.io/component-base v0.36.1 // indirect
+	k8s.io/apimachinery v0.36.3 // indirect
+	k8s.io/apiserver v0.36.3 // indirect
+	k8s.io/cli-runtime v0.36.3 // indirect
+	k8s.io/client-go v0.36.3 // indirect
+	k8s.io/component-base v0.36.3 // indirect
 	k8s.io/klog/v2 v2.140.0 // indirect
 	k8s.io/kube-openapi v0.0.0-20260317180543-43fb72c5454a // indirect
 	k8s.io/kubectl v0.36.1 // indirect
@@ -113,6 +117,120 @@ require (
 	sigs.k8s.io/kustomize/api v0.21.1 // indirect
 	sigs.k8s.io/kustomize/kyaml v0.21.1 // indirect
 	sigs.k8s.io/randfill v1.0.0 // indirect
-	sigs.k8s.io/structured-merge-diff/v6 v6.3.2 // indirect
+	sigs.k8s.io/structured-merge-diff/v6 v6.3.3 // indirect
 	sigs.k8s.io/yaml v1.6.0 // indirect
 )
+
+replace cloud.google.com/go/compute/metadata => cloud.google.com/go/compute/metadata v0.9.0
+
+replace cyphar.com/go-pathrs => cyphar.com/go-pathrs v0.2.2
+
+replace github.com/Azure/go-ansiterm => github.com/Azure/go-ansiterm v0.0.0-20230124172434-306776ec8161
+
+replace github.com/BurntSushi/toml => github.com/BurntSushi/toml v0.3.1
+
+replace github.com/Masterminds/semver/v3 => github.com/Masterminds/semver/v3 v3.4.0
+
+replace github.com/go-errors/errors => github.com/go-errors/errors v1.4.2
+
+replace github.com/go-jose/go-jose/v4 => github.com/go-jose/go-jose/v4 v4.1.3
+
+replace github.com/go-logfmt/logfmt => github.com/go-logfmt/logfmt v0.4.0
+
+replace github.com/go-openapi/jsonpointer => github.com/go-openapi/jsonpointer v0.21.0
+
+replace github.com/go-openapi/jsonreference => github.com/go-openapi/jsonreference v0.20.2
+
+replace github.com/go-openapi/swag => github.com/go-openapi/swag v0.23.0
+
+replace github.com/google/gofuzz => github.com/google/gofuzz v1.0.0
+
+replace github.com/grpc-ecosystem/grpc-gateway/v2 => github.com/grpc-ecosystem/grpc-gateway/v2 v2.27.7
+
+replace github.com/klauspost/compress => github.com/klauspost/compress v1.18.0
+
+replace github.com/mailru/easyjson => github.com/mailru/easyjson v0.7.7
+
+replace github.com/moby/term => github.com/moby/term v0.5.0
+
+replace github.com/prometheus/procfs => github.com/prometheus/procfs v0.19.2
+
+replace github.com/sirupsen/logrus => github.com/sirupsen/logrus v1.9.3
+
+replace github.com/spf13/pflag => github.com/spf13/pflag v1.0.9
+
+replace go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp => go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp v0.65.0
+
+replace go.opentelemetry.io/otel => go.opentelemetry.io/otel v1.41.0
+
+replace go.opentelemetry.io/otel/exporters/otlp/otlptrace => go.opentelemetry.io/otel/exporters/otlp/otlptrace v1.40.0
+
+replace go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc => go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc v1.40.0
+
+replace go.opentelemetry.io/otel/metric => go.opentelemetry.io/otel/metric v1.41.0
+
+replace go.opentelemetry.io/otel/sdk => go.opentelemetry.io/otel/sdk v1.40.0
+
+replace go.opentelemetry.io/otel/sdk/metric => go.opentelemetry.io/otel/sdk/metric v1.40.0
+
+replace go.opentelemetry.io/otel/trace => go.opentelemetry.io/otel/trace v1.41.0
+
+replace go.opentelemetry.io/proto/otlp => go.opentelemetry.io/proto/otlp v1.9.0
+
+replace golang.org/x/crypto => golang.org/x/crypto v0.47.0
+
+replace golang.org/x/mod => golang.org/x/mod v0.32.0
+
+replace golang.org/x/net => golang.org/x/net v0.49.0
+
+replace golang.org/x/oauth2 => golang.org/x/oauth2 v0.34.0
+
+replace golang.org/x/sync => golang.org/x/sync v0.19.0
+
+replace golang.org/x/sys => golang.org/x/sys v0.40.0
+
+replace golang.org/x/term => golang.org/x/term v0.39.0
+
+replace golang.org/x/text => golang.org/x/text v0.33.0
+
+replace golang.org/x/time => golang.org/x/time v0.14.0
+
+replace golang.org/x/tools => golang.org/x/tools v0.41.0
+
+replace golang.org/x/tools/go/expect => golang.org/x/tools/go/expect v0.1.1-deprecated
+
+replace google.golang.org/genproto/googleapis/api => google.golang.org/genproto/googleapis/api v0.0.0-20260128011058-8636f8732409
+
+replace google.golang.org/genproto/googleapis/rpc => google.golang.org/genproto/googleapis/rpc v0.0.0-20260128011058-8636f8732409
+
+replace google.golang.org/grpc => google.golang.org/grpc v1.79.3
+
+replace gopkg.in/yaml.v2 => gopkg.in/yaml.v2 v2.2.2
+
+replace k8s.io/api => k8s.io/api v0.36.3
+
+replace k8s.io/apiextensions-apiserver => k8s.io/apiextensions-apiserver v0.36.3
+
+replace k8s.io/apimachinery => k8s.io/apimachinery v0.36.3
+
+replace k8s.io/apiserver => k8s.io/apiserver v0.36.3
+
+replace k8s.io/cli-runtime => k8s.io/cli-runtime v0.36.3
+
+replace k8s.io/client-go => k8s.io/client-go v0.36.3
+
+replace k8s.io/code-generator => k8s.io/code-generator v0.36.3
+
+replace k8s.io/component-base => k8s.io/component-base v0.36.3
+
+replace k8s.io/component-helpers => k8s.io/component-helpers v0.36.3
+
+replace k8s.io/kms => k8s.io/kms v0.36.3
+
+replace k8s.io/kubectl => k8s.io/kubectl v0.36.3
+
+replace k8s.io/metrics => k8s.io/metrics v0.36.3
+
+replace k8s.io/streaming => k8s.io/streaming v0.36.3
+
+replace sigs.k8s.io/structured-merge-diff/v6 => sigs.k8s.io/structured-merge-diff/v6 v6.3.3

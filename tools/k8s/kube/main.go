@@ -35,7 +35,7 @@ var tools = map[string]func() int{
 
 func runKubectl() int {
 	// As upstream: read -v before the command is built, so klog is set while plugins and .kuberc load.
-	_ = logs.GlogSetter(kubectlcmd.GetLogVerbosity(os.Args))
+	_, _ = logs.GlogSetter(kubectlcmd.GetLogVerbosity(os.Args))
 	if err := cli.RunNoErrOutput(kubectlcmd.NewDefaultKubectlCommand()); err != nil {
 		kubectlutil.CheckErr(err)
 	}

@@ -42,9 +42,7 @@ class Client:
 
     def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         """Send one request; returns the status and the decoded JSON (or text) body."""
-        connection = http.client.HTTPSConnection(
-            self.host, self.port, context=self._context(), timeout=TIMEOUT_S
-        )
+        connection = http.client.HTTPSConnection(self.host, self.port, context=self._context(), timeout=TIMEOUT_S)
         try:
             headers = {"Accept": "application/json"}
             payload = None

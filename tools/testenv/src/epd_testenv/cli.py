@@ -32,9 +32,7 @@ def _state_dir(raw: str | None) -> pathlib.Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m epd_testenv.cli", description=__doc__)
     parser.add_argument("command", choices=["up", "down", "status"])
-    parser.add_argument(
-        "--state-dir", help=f"cluster state folder (default: <repo>/{layout.DEFAULT_CLUSTER_DIR})"
-    )
+    parser.add_argument("--state-dir", help=f"cluster state folder (default: <repo>/{layout.DEFAULT_CLUSTER_DIR})")
     parser.add_argument(
         "--timeout", type=float, default=cluster.DEFAULT_READY_TIMEOUT_S, help="bring-up deadline in seconds"
     )

@@ -28,6 +28,9 @@ SERVING_DNS_NAMES = ("localhost", "kubernetes", "kubernetes.default", "kubernete
 SERVING_IPS = ("127.0.0.1",)
 
 
+FRONT_PROXY_CLIENT = "front-proxy-client"
+
+
 @dataclass(frozen=True)
 class Identity:
     """A client certificate: Kubernetes reads the user from CN and the groups from O."""
@@ -45,6 +48,10 @@ CLIENTS = (
     # kwok writes node and pod status for every simulated node; the Node authorizer would need one identity
     # per node, so it runs as a master like kwokctl does.
     Identity("kwok", "kwok", ("system:masters",)),
+    # The apiserver's identity towards aggregated APIs. Giving the apiserver a request-header CA also fills
+    # kube-system/extension-apiserver-authentication, which the controller-manager and scheduler read for
+    # their own authentication; without it they log an error every few seconds.
+    Identity(FRONT_PROXY_CLIENT, FRONT_PROXY_CLIENT),
 )
 
 
@@ -91,9 +98,7 @@ def _new_key() -> ec.EllipticCurvePrivateKey:
 
 def _write_key(path: pathlib.Path, key: ec.EllipticCurvePrivateKey) -> None:
     path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     )
     path.chmod(0o600)
 
@@ -108,9 +113,7 @@ def _name(common_name: str, organizations: tuple[str, ...] = ()) -> x509.Name:
     return x509.Name(attributes)
 
 
-def _builder(
-    subject: x509.Name, issuer: x509.Name, key: ec.EllipticCurvePrivateKey
-) -> x509.CertificateBuilder:
+def _builder(subject: x509.Name, issuer: x509.Name, key: ec.EllipticCurvePrivateKey) -> x509.CertificateBuilder:
     now = datetime.datetime.now(datetime.UTC)
     return (
         x509.CertificateBuilder()
@@ -195,8 +198,6 @@ def generate(directory: pathlib.Path) -> Pki:
     sa_key = _new_key()
     _write_key(pki.sa_private_key, sa_key)
     pki.sa_public_key.write_bytes(
-        sa_key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
+        sa_key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     )
     return pki

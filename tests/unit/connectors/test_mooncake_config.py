@@ -117,7 +117,18 @@ def test_accepts_master_addresses(address: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "address", ["mooncake-master", "host:0", "host:65536", "http://h:1", "etcd://", "k8s://a/b/c", "h:50051 "]
+    "address",
+    [
+        "mooncake-master",
+        "host:0",
+        "host:65536",
+        "http://h:1",
+        "etcd://",
+        "k8s://a/b/c",
+        "h:50051 ",
+        "h:50051\n",
+        "h:\uff15\uff10\uff10\uff15\uff11",  # full-width digits
+    ],
 )
 def test_master_address_rule(address: str) -> None:
     msg = rule_message(master_server_address=address)
@@ -139,7 +150,7 @@ def test_metadata_server_rule(server: str) -> None:
     assert "Fix: use 'P2PHANDSHAKE', or 'http://HOST:PORT/metadata'" in msg
 
 
-@pytest.mark.parametrize("tenant", ["", "_system", " team", "team a", "a" * 64, "t\x00", "tenant/x"])
+@pytest.mark.parametrize("tenant", ["", "_system", " team", "team a", "a" * 64, "t\x00", "tenant/x", "team\n"])
 def test_tenant_rule(tenant: str) -> None:
     msg = rule_message(tenant_id=tenant)
     assert f"tenant_id = {tenant!r}: not a valid tenant id" in msg

@@ -40,7 +40,8 @@ def test_parses_sizes(text: object, expected: int) -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", ["", "GB", "4 XB", "-1", "1.3 B", "4 GB extra", "1e9", True, None, 1.5, -5, 2**63, [], "0x10"]
+    "bad",
+    ["", "GB", "4 XB", "-1", "1.3 B", "4 GB extra", "1e9", True, None, 1.5, -5, 2**63, [], "0x10", "٣GB", "4GB\nx"],
 )
 def test_refuses_what_is_not_a_size(bad: object) -> None:
     with pytest.raises(ValueError, match=r"Fix: give bytes as an integer"):

@@ -193,14 +193,15 @@ class MooncakeStoreConfig(base.ConfigModel):
 
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOST = rf"(?:{_LABEL}(?:\.{_LABEL})*|\[[0-9A-Fa-f:.]+\])"
-HOST_RE = re.compile(rf"^{_HOST}$")
-HOST_PORT_RE = re.compile(rf"^({_HOST}):(\d{{1,5}})$")
-_METADATA_RE = re.compile(rf"^http://({_HOST}):(\d{{1,5}})/metadata$")
-_K8S_LEASE_RE = re.compile(rf"^{_LABEL}/{_LABEL}(?:\.{_LABEL})*$")
+# Anchored with \Z, not $ (which also matches before a trailing newline), and ASCII-only so \d is 0-9.
+HOST_RE = re.compile(rf"^{_HOST}\Z", re.ASCII)
+HOST_PORT_RE = re.compile(rf"^({_HOST}):(\d{{1,5}})\Z", re.ASCII)
+_METADATA_RE = re.compile(rf"^http://({_HOST}):(\d{{1,5}})/metadata\Z", re.ASCII)
+_K8S_LEASE_RE = re.compile(rf"^{_LABEL}/{_LABEL}(?:\.{_LABEL})*\Z", re.ASCII)
 # Mooncake refuses ids that are empty, start with "_" or hold control characters; vLLM strips whitespace.
 # We also keep to characters that are safe unquoted in argv, YAML and Kubernetes labels.
-TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-_DEVICE_RE = re.compile(r"^[A-Za-z0-9_.:-]+(?:,[A-Za-z0-9_.:-]+)*$")
+TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}\Z", re.ASCII)
+_DEVICE_RE = re.compile(r"^[A-Za-z0-9_.:-]+(?:,[A-Za-z0-9_.:-]+)*\Z", re.ASCII)
 
 
 def valid_port(text: str) -> bool:

@@ -37,7 +37,7 @@ _UNITS = {
     "TI": _KI**4,
     "TIB": _KI**4,
 }
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*\Z", re.ASCII)  # ASCII: no other scripts' digits
 
 MAX_SIZE = 2**63 - 1
 """Mooncake holds sizes in uint64 and its tenant ledger reserves the top bit; int64 max also fits every

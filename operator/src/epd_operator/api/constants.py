@@ -28,6 +28,9 @@ LABEL_VERSION: Final = "app.kubernetes.io/version"
 LABEL_ROLE: Final = f"{GROUP}/role"
 LABEL_DEPLOYMENT: Final = f"{GROUP}/deployment"
 """Selects every child of one EPDDeployment (value: its name); used by the NetworkPolicy and by status."""
+LABEL_POOL: Final = f"{GROUP}/pool"
+"""On prefill workloads and pods: the prefill pool ("main" or an additionalPools name), so pools have
+distinct selectors."""
 
 APP_NAME: Final = "epd"
 MANAGED_BY: Final = "epd-operator"

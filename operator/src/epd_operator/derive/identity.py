@@ -1,0 +1,98 @@
+"""Identities derived from the deployment and the model: tenant id, cache prefixes, PYTHONHASHSEED.
+
+Each must be stable (the same spec gives the same value on every reconcile and every operator restart), so
+each is a hash of its inputs, never random and never a timestamp. The cache prefixes hash the model identity
+so that new weights can never read embeddings or KV blocks written by old ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from epd_connectors.config.mooncake import TENANT_RE
+from epd_operator.api.spec import ModelSpec
+
+TENANT_MAX_LEN = 63
+"""Mooncake's tenant rule as the connector library narrows it (TENANT_RE): 1-63 characters."""
+_SUFFIX_LEN = 8
+"""Hex digits of the hash suffix of a shortened tenant id: 32 bits, ample for names in one cluster."""
+PREFIX_HASH_LEN = 16
+"""Hex digits of a derived cache prefix: 64 bits, so two model identities never share a prefix."""
+EMBEDDING_PREFIX_HEAD = "emb-"
+KV_PREFIX_HEAD = "kv-"
+
+
+def _digest(*parts: str) -> str:
+    # A separator that cannot occur in Kubernetes names keeps ("a-b", "c") and ("a", "b-c") apart.
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
+
+
+def tenant_id(override: str | None, namespace: str, name: str) -> str:
+    """spec.store.tenant.id, else "<namespace>-<name>", shortened with a hash suffix when too long.
+
+    Namespace plus name is unique in a cluster and never changes for the resource's life, so the tenant is
+    stable; it is readable, so an operator of the store can tell whose keys they are.
+    """
+    if override:
+        return override
+    readable = f"{namespace}-{name}"
+    if len(readable) <= TENANT_MAX_LEN and TENANT_RE.match(readable):
+        return readable
+    suffix = _digest("tenant", namespace, name)[:_SUFFIX_LEN]
+    head = readable[: TENANT_MAX_LEN - _SUFFIX_LEN - 1].rstrip("-._")
+    derived = f"{head}-{suffix}"
+    if not TENANT_RE.match(derived):  # only if the name held characters Kubernetes itself refuses
+        derived = f"t-{_digest('tenant', namespace, name)[:_SUFFIX_LEN]}"
+    return derived
+
+
+def embedding_identity(model: ModelSpec) -> dict[str, Any]:
+    """What decides an encoder's output: weights (name, revision, and the image digest when weights ship as
+    an image), dtype, and the multimodal processor settings (they change the patches the encoder sees)."""
+    return {
+        "name": model.name,
+        "revision": model.revision,
+        "dtype": model.dtype,
+        "weights_image": model.source.image.reference if model.source.image else None,
+        "mm_processor_kwargs": dict(sorted(model.mm_processor_kwargs.items())),
+    }
+
+
+def kv_identity(model: ModelSpec) -> dict[str, Any]:
+    """What decides a KV block beyond the tokens, which vLLM's block hash already covers: the weights and
+    the dtype. Processor settings are not here: they change the prompt tokens, hence the block hashes."""
+    return {
+        "name": model.name,
+        "revision": model.revision,
+        "dtype": model.dtype,
+        "weights_image": model.source.image.reference if model.source.image else None,
+    }
+
+
+def _prefix(head: str, identity: dict[str, Any]) -> str:
+    canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
+    return head + _digest(head, canonical)[:PREFIX_HASH_LEN]
+
+
+def embedding_cache_prefix(model: ModelSpec, override: str | None = None) -> str:
+    """spec.encoder.crossEncoderCache.prefix, else "emb-" + a hash of `embedding_identity`."""
+    return override or _prefix(EMBEDDING_PREFIX_HEAD, embedding_identity(model))
+
+
+def kv_cache_prefix(model: ModelSpec, override: str | None = None) -> str:
+    """spec.store.kvCachePrefix, else "kv-" + a hash of `kv_identity`."""
+    return override or _prefix(KV_PREFIX_HEAD, kv_identity(model))
+
+
+def embedding_model_identity(model: ModelSpec) -> str:
+    """The `model:` field of cross-encoder store keys: the model name, not the mount path, so pods that mount
+    the same weights at different paths still share; '@' delimits key parts, so it is replaced."""
+    return model.name.replace("@", "_")
+
+
+def python_hash_seed(namespace: str, name: str) -> int:
+    """One PYTHONHASHSEED per deployment (0..2**32-1, what Python accepts): every store sharer hashes KV
+    blocks alike, and a restart keeps the seed, so blocks stored before it still match."""
+    return int(_digest("pythonhashseed", namespace, name)[:8], 16)

@@ -1,0 +1,124 @@
+"""The store's bundles: the Mooncake master, the standalone store clients, and the vLLM-side Mooncake JSON.
+
+The store clients' config is the single source of the requesters' JSON (`requester_config`), so master
+address, metadata server, protocol, tenant and offload can only agree. Replica counts never enter a bundle:
+scaling the store clients must not roll the master or any vLLM role.
+"""
+
+from __future__ import annotations
+
+from epd_connectors.config.bundle import Peers, Role, RoleBundle
+from epd_connectors.config.master import MasterConfig, TenantQuota, TenantQuotaPolicy
+from epd_connectors.config.mooncake import MooncakeStoreConfig, Protocol, StoreMode
+from epd_connectors.config.store_client import StoreClientConfig
+from epd_operator.api import constants as c
+from epd_operator.api.resource import InvalidSpecError
+from epd_operator.api.spec import StoreSpec
+from epd_operator.derive import ports
+from epd_operator.render.context import OFFLOAD_DIR, POD_IP_PLACEHOLDER, Context
+
+TENANT_POLICY_FILE = f"{c.WORK_DIR}/tenant_quota.yaml"
+"""The master's quota policy: on the writable work volume, since Mooncake rewrites it on quota changes."""
+UNBOUNDED_QUOTA = 2**60
+"""The tenant's quota when spec.store.tenant.quota is unset ("the whole pool"): larger than any pool, and not
+derived from the store clients' count, which would put a replica count into the master's bundle."""
+
+
+def _store(ctx: Context) -> StoreSpec:
+    if ctx.spec.store is None:  # callers only ask with a store; a guard for the type checker
+        raise InvalidSpecError(["spec.store: missing. Fix: add spec.store"])
+    return ctx.spec.store
+
+
+def master_config(ctx: Context) -> MasterConfig:
+    """The master's flags from spec.store.master; isolation adds the tenant's quota policy."""
+    store = _store(ctx)
+    master = store.master
+    if master.ha is not None:
+        # MasterConfig needs the pod's own IP as rpc_address under HA, and epd-launch does not substitute
+        # POD_IP for it yet; a master advertising 0.0.0.0 would strand every client after a failover.
+        raise InvalidSpecError(
+            [
+                "spec.store.master.ha = set: HA masters need their pod IP as rpc_address, which epd-launch "
+                "cannot fill in yet. Fix: remove spec.store.master.ha (a single master restarts in seconds)"
+            ]
+        )
+    policy = None
+    if store.tenant.isolation:
+        quota = store.tenant.quota or UNBOUNDED_QUOTA
+        policy = TenantQuotaPolicy(tenants=(TenantQuota(name=ctx.tenant_id, quota=quota),))
+    return MasterConfig(
+        rpc_port=master.rpc_port,
+        metrics_port=master.metrics_port,
+        enable_http_metadata_server=master.http_metadata_server,
+        http_metadata_server_port=master.http_metadata_port,
+        enable_multi_tenants=store.tenant.isolation,
+        tenant_quota_policy=policy,
+        tenant_quota_policy_path=TENANT_POLICY_FILE if store.tenant.isolation else "",
+        enable_offload=store.mode == "standalone" and store.clients.offload.enabled,
+        eviction_high_watermark_ratio=master.eviction_high_watermark_ratio,
+        eviction_ratio=master.eviction_ratio,
+    )
+
+
+def store_client_config(ctx: Context, master: MasterConfig) -> StoreClientConfig:
+    """A standalone store client; `host` is replaced by the pod's IP at launch (POD_IP)."""
+    store = _store(ctx)
+    clients = store.clients
+    offload = clients.offload.enabled
+    return StoreClientConfig(
+        host=POD_IP_PLACEHOLDER,
+        port=clients.port,
+        global_segment_size=clients.segment_size,
+        local_buffer_size=clients.local_buffer_size,
+        master_server_address=ctx.names.master_address(master),
+        metadata_server=ctx.names.metadata_server(master),
+        protocol=Protocol(store.protocol),
+        device_name=store.device_name,
+        tenant_id=ctx.tenant_id,
+        enable_offload=offload,
+        offload_path=OFFLOAD_DIR if offload else "",
+        enable_http_server=True,  # metrics for scraping; the probes use the RPC port
+        http_port=ports.STORE_CLIENT_METRICS_PORT,
+    )
+
+
+def requester_config(ctx: Context, master: MasterConfig) -> MooncakeStoreConfig:
+    """The vLLM-side Mooncake JSON: derived from the store client in standalone mode (so every shared field
+    agrees), or an embedded pool member contributing spec.store.embeddedSegmentSize."""
+    store = _store(ctx)
+    if store.mode == "standalone":
+        return store_client_config(ctx, master).requester_config(local_buffer_size=store.local_buffer_size)
+    return MooncakeStoreConfig(
+        metadata_server=ctx.names.metadata_server(master),
+        master_server_address=ctx.names.master_address(master),
+        protocol=Protocol(store.protocol),
+        device_name=store.device_name,
+        mode=StoreMode.EMBEDDED,
+        global_segment_size=store.embedded_segment_size,
+        local_buffer_size=store.local_buffer_size,
+        enable_offload=False,
+        tenant_id=ctx.tenant_id,
+    )
+
+
+def master_peers(ctx: Context, master: MasterConfig) -> Peers:
+    """What a store user waits for: the master's health (and its metrics, for mounted capacity)."""
+    return Peers(
+        master_health_url=ctx.names.master_health_url(master),
+        master_metrics_url=ctx.names.master_metrics_url(master),
+    )
+
+
+def master_bundle(ctx: Context, master: MasterConfig) -> RoleBundle:
+    return RoleBundle(deployment=ctx.owner.name, namespace=ctx.owner.namespace, role=Role.MASTER, master=master)
+
+
+def store_client_bundle(ctx: Context, master: MasterConfig) -> RoleBundle:
+    return RoleBundle(
+        deployment=ctx.owner.name,
+        namespace=ctx.owner.namespace,
+        role=Role.STORE_CLIENT,
+        store_client=store_client_config(ctx, master),
+        peers=Peers(master_health_url=ctx.names.master_health_url(master)),
+    )

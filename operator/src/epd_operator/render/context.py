@@ -1,0 +1,158 @@
+"""The one parameters object every render function takes: the spec, its owner, and the derived values.
+
+Derived values are computed once here (from derive) so that every role's bundle reads the same tenant, prefixes,
+store TP and hash seed; a render function never recomputes one. `Unit` describes one workload of a role.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from epd_operator.api import constants as c
+from epd_operator.api.resource import OperatorDefaults, Owner
+from epd_operator.api.spec import EPDDeploymentSpec
+from epd_operator.derive import identity, parallel
+from epd_operator.derive.names import MAIN_POOL, Names
+
+SHARED_DIR: Final = "/mnt/epd-shared"
+"""Where spec.sharedStorage is mounted in every pod that uses a shared-storage connector."""
+EC_SHARED_PATH: Final = f"{SHARED_DIR}/ec"
+"""ECExampleConnector's folder (a subfolder, so EC and KV files of one volume never mix)."""
+KV_SHARED_PATH: Final = f"{SHARED_DIR}/kv"
+"""ExampleConnector's (KV) folder."""
+OFFLOAD_DIR: Final = "/mnt/epd-offload"
+"""The store client's SSD tier (MOONCAKE_OFFLOAD_FILE_STORAGE_PATH)."""
+POD_IP_PLACEHOLDER: Final = "pod-ip.invalid"
+"""Host written into bundles where only the pod knows the value (store client host, EC consumer ec_ip):
+epd-launch replaces it with POD_IP from the downward API. The .invalid TLD (RFC 2606) never resolves, so a
+launcher that did not replace it fails loudly instead of advertising a wrong address."""
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One workload of a role (a prefill pool is a unit of its own)."""
+
+    role: str
+    """constants.ROLE_*."""
+    name: str
+    """Name of the workload, its Service and its PDB."""
+    spec_path: str
+    """Where the user configures it, for error messages (spec.encoder, spec.prefill.additionalPools[0])."""
+    pool: str | None = None
+    """The prefill pool label (None for other roles)."""
+    tensor_parallel_size: int = 1
+    replicas: int | None = 1
+    """None for a DaemonSet."""
+
+
+@dataclass(frozen=True)
+class Context:
+    """Everything render needs, derived once."""
+
+    owner: Owner
+    spec: EPDDeploymentSpec
+    defaults: OperatorDefaults
+    names: Names
+    tenant_id: str
+    """"" without a store."""
+    embedding_prefix: str
+    """"" unless cross-encoder reuse is on."""
+    kv_prefix: str
+    """"" unless a role uses MooncakeStoreConnector."""
+    prefill_tp_sizes: tuple[int, ...]
+    """() without a prefill pool."""
+    store_tp: int
+    """LCM of prefill_tp_sizes with a store KV connector on a P/D split, else 0."""
+    hash_seed: int
+
+    @property
+    def store_kv_split(self) -> bool:
+        """Prefill and decode exchange KV through the store (mooncake-store or mooncake+store)."""
+        kv = self.spec.prefill.kv if self.spec.prefill else None
+        return kv is not None and kv.connector in ("mooncake-store", "mooncake+store")
+
+    @property
+    def protocol(self) -> str:
+        """One transport for the store and every Mooncake connector; rdma (Mooncake's default) without store."""
+        return self.spec.store.protocol if self.spec.store else "rdma"
+
+    @property
+    def device_name(self) -> str:
+        return self.spec.store.device_name if self.spec.store else ""
+
+
+def build_context(owner: Owner, spec: EPDDeploymentSpec, defaults: OperatorDefaults) -> Context:
+    """Derive every shared value from the spec (see derive/ for each rule)."""
+    store, prefill = spec.store, spec.prefill
+    cross_encoder = spec.encoder.cross_encoder_cache
+    sizes = parallel.prefill_tp_sizes(prefill) if prefill is not None else ()
+    kv = prefill.kv if prefill is not None else None
+    store_kv_split = kv is not None and kv.connector in ("mooncake-store", "mooncake+store")
+    uses_kv_store = store_kv_split or (prefill is None and spec.decode.kv.store_offload)
+    return Context(
+        owner=owner,
+        spec=spec,
+        defaults=defaults,
+        names=Names(owner.name, owner.namespace),
+        tenant_id=identity.tenant_id(store.tenant.id, owner.namespace, owner.name) if store else "",
+        embedding_prefix=(
+            identity.embedding_cache_prefix(spec.model, cross_encoder.prefix) if cross_encoder.enabled else ""
+        ),
+        kv_prefix=identity.kv_cache_prefix(spec.model, store.kv_cache_prefix) if store and uses_kv_store else "",
+        prefill_tp_sizes=sizes,
+        store_tp=parallel.store_tp_size(sizes) if store_kv_split else 0,
+        hash_seed=identity.python_hash_seed(owner.namespace, owner.name),
+    )
+
+
+def units(ctx: Context) -> list[Unit]:
+    """Every workload, in apply order: master, store clients, encoders, prefill pools, decode or PD, proxy."""
+    spec, names = ctx.spec, ctx.names
+    found: list[Unit] = []
+    if spec.store is not None:
+        found.append(Unit(c.ROLE_MASTER, names.workload(c.ROLE_MASTER), "spec.store.master"))
+        clients = spec.store.clients
+        if spec.store.mode == "standalone":
+            found.append(
+                Unit(
+                    c.ROLE_STORE_CLIENT,
+                    names.workload(c.ROLE_STORE_CLIENT),
+                    "spec.store.clients",
+                    replicas=None if clients.per_node else clients.replicas,
+                )
+            )
+    enc = spec.encoder
+    found.append(
+        Unit(
+            c.ROLE_ENCODER, names.workload(c.ROLE_ENCODER), "spec.encoder", None, enc.tensor_parallel_size, enc.replicas
+        )
+    )
+    if spec.prefill is not None:
+        p = spec.prefill
+        found.append(
+            Unit(
+                c.ROLE_PREFILL,
+                names.workload(c.ROLE_PREFILL),
+                "spec.prefill",
+                MAIN_POOL,
+                p.tensor_parallel_size,
+                p.replicas,
+            )
+        )
+        for i, pool in enumerate(p.additional_pools):
+            found.append(
+                Unit(
+                    c.ROLE_PREFILL,
+                    names.workload(c.ROLE_PREFILL, pool.name),
+                    f"spec.prefill.additionalPools[{i}]",
+                    pool.name,
+                    pool.tensor_parallel_size,
+                    pool.replicas,
+                )
+            )
+    lm_role = c.ROLE_DECODE if spec.prefill is not None else c.ROLE_PD
+    dec = spec.decode
+    found.append(Unit(lm_role, names.workload(lm_role), "spec.decode", None, dec.tensor_parallel_size, dec.replicas))
+    found.append(Unit(c.ROLE_PROXY, names.workload(c.ROLE_PROXY), "spec.proxy", replicas=spec.proxy.replicas))
+    return found

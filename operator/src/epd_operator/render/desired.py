@@ -1,0 +1,174 @@
+"""The render entry point: spec -> every desired child object, the derived values and the workloads.
+
+Reads top to bottom: derive the shared values, check what only the whole spec can tell, build and validate each
+role's bundle (then all bundles together), and wrap the bundles into Kubernetes objects in apply order.
+Pure: no I/O; the same input always gives byte-identical objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from epd_connectors.config.bundle import RoleBundle
+from epd_connectors.config.master import MasterConfig
+from epd_connectors.config.mooncake import MooncakeStoreConfig
+from epd_operator.api import constants as c
+from epd_operator.api.resource import InvalidSpecError, OperatorDefaults, Owner
+from epd_operator.api.spec import EPDDeploymentSpec
+from epd_operator.derive import names as naming
+from epd_operator.derive import ports
+from epd_operator.render import bundles_store, bundles_vllm, lm, objects, proxy, store, validate
+from epd_operator.render.context import Context, Unit, build_context, units
+
+
+@dataclass(frozen=True)
+class Derived:
+    """What status reports."""
+
+    tenant_id: str
+    embedding_cache_prefix: str
+    kv_cache_prefix: str
+    store_tp_size: int
+    python_hash_seed: int
+    endpoint: str
+
+
+@dataclass(frozen=True)
+class RoleWorkload:
+    """One workload object of a role, for status."""
+
+    role: str
+    """constants.ROLE_*."""
+    kind: str
+    """Deployment, StatefulSet or DaemonSet."""
+    name: str
+    replicas: int | None
+    """None for a DaemonSet."""
+
+
+@dataclass(frozen=True)
+class Desired:
+    """Every child in apply order (ConfigMaps, Services, policies, then workloads: store, encoders, LM roles,
+    proxy last), the derived values and the workloads."""
+
+    objects: list[dict[str, Any]]
+    derived: Derived
+    workloads: list[RoleWorkload]
+
+
+def render_desired(owner: Owner, spec: EPDDeploymentSpec, defaults: OperatorDefaults) -> Desired:
+    """The desired state; InvalidSpecError (one problem per line, each naming the spec field and the fix) when
+    the spec cannot be deployed."""
+    ctx = build_context(owner, spec, defaults)
+    all_units = units(ctx)
+    problems = _spec_problems(ctx, all_units)
+    if problems:
+        raise InvalidSpecError(problems)
+    bundles = _bundles(ctx, all_units)
+    problems = validate.deployment_problems(bundles)
+    if problems:
+        raise InvalidSpecError(problems)
+    jsons = {name: bundle.to_json() for name, bundle in bundles.items()}
+    rendered = [objects.render_bundle_configmap(ctx, u, jsons[u.name]) for u in all_units]
+    rendered += [_service(ctx, u) for u in all_units]
+    if spec.store is not None:
+        rendered += store.render_store_network_policies(ctx, spec.store)
+    rendered += [objects.render_pdb(ctx, u) for u in all_units if _has_pdb(ctx, u)]
+    workloads = [_workload(ctx, u, jsons[u.name]) for u in all_units]
+    rendered += workloads
+    return Desired(
+        objects=rendered,
+        derived=Derived(
+            tenant_id=ctx.tenant_id,
+            embedding_cache_prefix=ctx.embedding_prefix,
+            kv_cache_prefix=ctx.kv_prefix,
+            store_tp_size=ctx.store_tp,
+            python_hash_seed=ctx.hash_seed,
+            endpoint=ctx.names.proxy_url(spec.proxy.service.port),
+        ),
+        workloads=[
+            RoleWorkload(role=u.role, kind=w["kind"], name=u.name, replicas=w["spec"].get("replicas"))
+            for u, w in zip(all_units, workloads, strict=True)
+        ],
+    )
+
+
+def _spec_problems(ctx: Context, all_units: list[Unit]) -> list[str]:
+    """What the spec models cannot check alone: object names, pool names, ports inside a pod, and the
+    vLLM rules whose library message would not name the spec field."""
+    spec = ctx.spec
+    found = naming.name_problems(
+        ctx.names,
+        [u.name for u in all_units],
+        [u.name for u in all_units if u.role == c.ROLE_STORE_CLIENT and u.replicas is not None],
+    )
+    if spec.prefill is not None:
+        seen = {naming.MAIN_POOL}
+        for i, pool in enumerate(spec.prefill.additional_pools):
+            if pool.name in seen:
+                found.append(
+                    f"spec.prefill.additionalPools[{i}].name = {pool.name!r}: already used (the main pool is "
+                    f"{naming.MAIN_POOL!r}). Fix: give every pool its own name"
+                )
+            seen.add(pool.name)
+    if spec.store is not None:
+        found += ports.collisions(ports.master_ports(spec.store.master), "spec.store.master ports")
+        if spec.store.mode == "standalone":
+            found += ports.collisions(ports.store_client_ports(spec.store.clients), "spec.store.clients.port")
+    for unit in all_units:
+        if unit.role in (c.ROLE_ENCODER, c.ROLE_PREFILL, c.ROLE_DECODE, c.ROLE_PD):
+            found += bundles_vllm.precheck(ctx, unit)
+    return list(dict.fromkeys(found))  # prefill pools share the main pool's extraArgs: report once
+
+
+def _bundles(ctx: Context, all_units: list[Unit]) -> dict[str, RoleBundle]:
+    """Every role's validated bundle, keyed by workload name; all problems at once."""
+    master: MasterConfig | None = None
+    store_json: MooncakeStoreConfig | None = None
+    if ctx.spec.store is not None:
+        master = validate.guarded("spec.store.master", lambda: bundles_store.master_config(ctx))
+        store_json = validate.guarded("spec.store", lambda: bundles_store.requester_config(ctx, master))
+
+    def build(unit: Unit) -> RoleBundle:
+        if unit.role == c.ROLE_MASTER and master is not None:
+            return bundles_store.master_bundle(ctx, master)
+        if unit.role == c.ROLE_STORE_CLIENT and master is not None:
+            return bundles_store.store_client_bundle(ctx, master)
+        if unit.role == c.ROLE_PROXY:
+            return proxy.proxy_bundle(ctx, all_units)
+        return bundles_vllm.vllm_bundle(ctx, unit, master, store_json)
+
+    built, problems = validate.collect(
+        [(u.name, lambda u=u: validate.guarded(u.spec_path, lambda: build(u))) for u in all_units]  # type: ignore[misc]
+    )
+    if problems:
+        raise InvalidSpecError(list(dict.fromkeys(problems)))
+    return built
+
+
+def _service(ctx: Context, unit: Unit) -> dict[str, Any]:
+    store_spec = ctx.spec.store
+    if unit.role == c.ROLE_MASTER and store_spec is not None:
+        return store.render_master_service(ctx, unit, store_spec)
+    if unit.role == c.ROLE_STORE_CLIENT and store_spec is not None:
+        return store.render_store_client_service(ctx, unit, store_spec)
+    if unit.role == c.ROLE_PROXY:
+        return proxy.render_proxy_service(ctx, unit)
+    return lm.render_vllm_service(ctx, unit)
+
+
+def _workload(ctx: Context, unit: Unit, bundle_json: str) -> dict[str, Any]:
+    store_spec = ctx.spec.store
+    if unit.role == c.ROLE_MASTER and store_spec is not None:
+        return store.render_master_deployment(ctx, unit, store_spec, bundle_json)
+    if unit.role == c.ROLE_STORE_CLIENT and store_spec is not None:
+        return store.render_store_client_workload(ctx, unit, store_spec, bundle_json)
+    if unit.role == c.ROLE_PROXY:
+        return proxy.render_proxy_deployment(ctx, unit, bundle_json)
+    return lm.render_vllm_deployment(ctx, unit, bundle_json)
+
+
+def _has_pdb(ctx: Context, unit: Unit) -> bool:
+    """Every role that may run several replicas; not the single master, not a DaemonSet (drains skip it)."""
+    return unit.role != c.ROLE_MASTER and unit.replicas is not None

@@ -1,0 +1,65 @@
+"""The proxy's bundle, Deployment and Service: the deployment's one entry point.
+
+The proxy's peers are Service DNS names, never pod lists, so scaling any role leaves the proxy's bundle (and
+its pods) untouched; the proxy resolves the headless Services to pods at run time, and learns each EC
+consumer's control address from the consumers' pod IPs, so peers.ec_consumers stays empty here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from epd_connectors.config.bundle import Endpoint, Peers, ProxySettings, Role, RoleBundle
+from epd_operator.api import constants as c
+from epd_operator.derive import ports
+from epd_operator.render import objects
+from epd_operator.render.context import Context, Unit
+from epd_operator.render.pod import PodParams, Probes, http_get, pod_template
+
+PROXY_DEFAULT_REQUESTS: Final = {"cpu": "1", "memory": "1Gi"}
+"""The proxy rewrites requests and forwards bytes; one CPU serves hundreds of requests per second."""
+
+
+def proxy_bundle(ctx: Context, units: list[Unit]) -> RoleBundle:
+    """Where the proxy sends work: each role's Service (each prefill pool's), on vLLM's HTTP port."""
+
+    def endpoints(role: str) -> list[Endpoint]:
+        return [Endpoint(host=ctx.names.host(u.name), port=ports.VLLM_HTTP_PORT) for u in units if u.role == role]
+
+    return RoleBundle(
+        deployment=ctx.owner.name,
+        namespace=ctx.owner.namespace,
+        role=Role.PROXY,
+        proxy=ProxySettings(port=ports.PROXY_PORT, encoder_affinity=ctx.spec.proxy.routing.encoder_affinity),
+        peers=Peers(
+            encoders=endpoints(c.ROLE_ENCODER),
+            prefill=endpoints(c.ROLE_PREFILL),
+            decode=endpoints(c.ROLE_DECODE),
+            pd=endpoints(c.ROLE_PD),
+        ),
+    )
+
+
+def render_proxy_deployment(ctx: Context, unit: Unit, bundle_json: str) -> dict[str, Any]:
+    res = ctx.spec.proxy.resources
+    resources: dict[str, Any] = {"requests": dict(res.requests) or dict(PROXY_DEFAULT_REQUESTS)}
+    if res.limits:
+        resources["limits"] = dict(res.limits)
+    params = PodParams(
+        unit=unit,
+        image=ctx.spec.images.proxy or ctx.defaults.proxy_image,
+        bundle_json=bundle_json,
+        ports={ports.HTTP: ports.PROXY_PORT},
+        probes=Probes(
+            readiness=http_get("/health", ports.HTTP, period_s=5, failures=3),
+            liveness=http_get("/health", ports.HTTP, period_s=10, failures=6),
+        ),
+        resources=resources,
+    )
+    return objects.render_deployment(ctx, unit, pod_template(ctx, params))
+
+
+def render_proxy_service(ctx: Context, unit: Unit) -> dict[str, Any]:
+    """spec.proxy.service: its type, and its port mapped onto the proxy's listener."""
+    service = ctx.spec.proxy.service
+    return objects.render_service(ctx, unit, {ports.HTTP: service.port}, headless=False, service_type=service.type)

@@ -1,0 +1,153 @@
+"""The EC and KV transfer configs of each vLLM role, chosen from spec.encoder.connector and
+spec.prefill.kv.connector (or spec.decode.kv.storeOffload for combined PD).
+
+Producer and consumer configs come from the same few values (protocol, buffer device, shared path, cache prefix,
+store TP list), so a pair can only agree. Layouts follow facts.md: XpYd is a MultiConnector of MooncakeConnector
+(P2P first: a direct transfer beats the store) and MooncakeStoreConnector.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from epd_connectors.config.ec_transfer import (
+    ECExampleConnectorConfig,
+    ECExampleExtra,
+    ECMooncakeConsumer,
+    ECMooncakeConsumerExtra,
+    ECMooncakeProducer,
+    ECMooncakeProducerExtra,
+)
+from epd_connectors.config.kv_transfer import (
+    AnyKVConfig,
+    ExampleKVConnectorConfig,
+    ExampleKVExtra,
+    MooncakeConnectorConfig,
+    MooncakeP2PExtra,
+    MooncakeStoreConnectorConfig,
+    MooncakeStoreExtra,
+    MultiConnectorConfig,
+    MultiExtra,
+    connectors_of,
+)
+from epd_operator.api import constants as c
+from epd_operator.derive import identity, ports
+from epd_operator.render.context import EC_SHARED_PATH, KV_SHARED_PATH, POD_IP_PLACEHOLDER, Context
+
+ECConfig = ECMooncakeProducer | ECMooncakeConsumer | ECExampleConnectorConfig
+Protocol = Literal["rdma", "tcp"]
+
+
+def _protocol(ctx: Context) -> Protocol:
+    return "tcp" if ctx.protocol == "tcp" else "rdma"
+
+
+def encoder_ec(ctx: Context) -> ECConfig:
+    """The encoders' producer config; cross-encoder reuse adds the shared prefix and model identity."""
+    enc = ctx.spec.encoder
+    if enc.connector == "shared-storage":
+        return ECExampleConnectorConfig(
+            ec_role="ec_producer",
+            ec_connector_extra_config=ECExampleExtra(shared_storage_path=EC_SHARED_PATH),
+        )
+    reuse = enc.cross_encoder_cache
+    extra = ECMooncakeProducerExtra(mooncake_protocol=_protocol(ctx))
+    if reuse.enabled:
+        extra = ECMooncakeProducerExtra(
+            mooncake_protocol=_protocol(ctx),
+            cross_encoder_cache=True,
+            embedding_cache_prefix=ctx.embedding_prefix,
+            embedding_model_identity=identity.embedding_model_identity(ctx.spec.model),
+            store_max_pending_items=reuse.max_pending_items,
+            store_max_pending_bytes=reuse.max_pending_bytes,
+            store_read_buffer_bytes=reuse.read_buffer_bytes,
+        )
+    return ECMooncakeProducer(ec_buffer_device=enc.buffer_device, ec_connector_extra_config=extra)
+
+
+def consumer_ec(ctx: Context) -> ECConfig:
+    """A prefill or PD instance's consumer config; ec_ip becomes the pod IP at launch."""
+    enc = ctx.spec.encoder
+    if enc.connector == "shared-storage":
+        return ECExampleConnectorConfig(
+            ec_role="ec_consumer",
+            ec_connector_extra_config=ECExampleExtra(shared_storage_path=EC_SHARED_PATH),
+        )
+    return ECMooncakeConsumer(
+        ec_buffer_device=enc.buffer_device,
+        ec_ip=POD_IP_PLACEHOLDER,
+        ec_port=ports.EC_CONTROL_PORT,
+        ec_connector_extra_config=ECMooncakeConsumerExtra(mooncake_protocol=_protocol(ctx)),
+    )
+
+
+def _store_child(ctx: Context, kv_role: Literal["kv_both", "kv_consumer"]) -> MooncakeStoreConnectorConfig:
+    prefill = ctx.spec.prefill
+    kv = prefill.kv if prefill else None
+    split = prefill is not None
+    extra = MooncakeStoreExtra(
+        cache_prefix=ctx.kv_prefix,
+        load_async=kv.load_async if kv else True,
+        lookup_async=kv.lookup_async if kv else False,
+        save_decode_cache=kv_role == "kv_consumer" and ctx.spec.decode.kv.save_decode_cache,
+        # On a split every prefiller and decoder carries the same list, so mixed prefill TPs share blocks.
+        enable_store_tp_lcm=split,
+        prefill_tp_sizes=ctx.prefill_tp_sizes if split else None,
+    )
+    return MooncakeStoreConnectorConfig(kv_role=kv_role, kv_connector_extra_config=extra)
+
+
+def _p2p_child(ctx: Context, kv_role: Literal["kv_producer", "kv_consumer"]) -> MooncakeConnectorConfig:
+    extra = MooncakeP2PExtra(mooncake_protocol=_protocol(ctx), device_name=ctx.device_name)
+    return MooncakeConnectorConfig(kv_role=kv_role, kv_connector_extra_config=extra)
+
+
+def kv_config(ctx: Context, role: str) -> AnyKVConfig | None:
+    """The role's KV connector: prefill produces, decode consumes, PD offloads (or has none)."""
+    prefill = ctx.spec.prefill
+    if role == c.ROLE_PD:
+        return _store_child(ctx, "kv_both") if ctx.spec.decode.kv.store_offload else None
+    if role == c.ROLE_ENCODER or prefill is None or prefill.kv is None:
+        return None
+    producer = role == c.ROLE_PREFILL
+    connector = prefill.kv.connector
+    if connector == "mooncake":
+        return _p2p_child(ctx, "kv_producer" if producer else "kv_consumer")
+    if connector == "mooncake-store":
+        return _store_child(ctx, "kv_both" if producer else "kv_consumer")
+    if connector == "mooncake+store":
+        children = (
+            (_p2p_child(ctx, "kv_producer"), _store_child(ctx, "kv_both"))
+            if producer
+            else (_p2p_child(ctx, "kv_consumer"), _store_child(ctx, "kv_consumer"))
+        )
+        return MultiConnectorConfig(
+            kv_role="kv_producer" if producer else "kv_consumer",
+            kv_connector_extra_config=MultiExtra(connectors=children),
+        )
+    return ExampleKVConnectorConfig(
+        kv_role="kv_producer" if producer else "kv_consumer",
+        kv_connector_extra_config=ExampleKVExtra(shared_storage_path=KV_SHARED_PATH),
+    )
+
+
+def uses_p2p_kv(ctx: Context) -> bool:
+    """Whether prefill and decode run MooncakeConnector (and so its bootstrap server)."""
+    kv = ctx.spec.prefill.kv if ctx.spec.prefill else None
+    return kv is not None and kv.connector in ("mooncake", "mooncake+store")
+
+
+def uses_shared_storage(ctx: Context, role: str) -> bool:
+    """Whether the role's pods mount spec.sharedStorage (an EC or KV shared-storage connector touches it)."""
+    enc_shared = ctx.spec.encoder.connector == "shared-storage" and role in (c.ROLE_ENCODER, c.ROLE_PREFILL, c.ROLE_PD)
+    kv = ctx.spec.prefill.kv if ctx.spec.prefill else None
+    kv_shared = kv is not None and kv.connector == "shared-storage" and role in (c.ROLE_PREFILL, c.ROLE_DECODE)
+    return enc_shared or kv_shared
+
+
+def uses_store(ec: ECConfig | None, kv: AnyKVConfig | None) -> bool:
+    """Whether a role's process talks to the Mooncake store, and so needs the Mooncake JSON and the master:
+    cross-encoder reuse on an encoder, or MooncakeStoreConnector anywhere in its KV config."""
+    reuse = isinstance(ec, ECMooncakeProducer) and ec.ec_connector_extra_config.cross_encoder_cache
+    store_kv = kv is not None and any(isinstance(child, MooncakeStoreConnectorConfig) for child in connectors_of(kv))
+    return reuse or store_kv

@@ -35,6 +35,12 @@ _TOPIC_FIELDS = {
     "store endpoints": "spec.store.master",
     "store mode": "spec.store.mode",
 }
+# check_deployment's other rules, recognised by what their message says.
+_RULE_FIELDS = {
+    "quota policy does not admit": "spec.store.tenant.id",
+    "no store-client bundle owns the pool": "spec.store.mode",
+    "peers.ec_consumers": "spec.proxy",
+}
 
 
 def locate(spec_path: str, line: str) -> str:
@@ -74,6 +80,7 @@ def deployment_problems(bundles: Mapping[str, RoleBundle]) -> list[str]:
     found: list[str] = []
     for line in check_deployment(bundles):
         topic = next((t for t in _TOPIC_FIELDS if line.startswith(f"{t} differs")), None)
-        field = _TOPIC_FIELDS[topic] if topic else "spec"
+        rule = next((r for r in _RULE_FIELDS if r in line), None)
+        field = _TOPIC_FIELDS[topic] if topic else _RULE_FIELDS[rule] if rule else "spec"
         found.append(f"{field}: {line}")
     return found

@@ -1,0 +1,307 @@
+"""Properties of render_desired: scaling touches only replicas, a bundle change rolls exactly its roles,
+every pod is hardened and runs epd-launch for its role, and the layouts of facts.md come out right."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from epd_connectors.config.bundle import RoleBundle, parse_bundle
+from epd_connectors.config.consistency import check_deployment
+from epd_connectors.config.kv_transfer import MooncakeStoreConnectorConfig, connectors_of
+from epd_operator.api import constants as c
+from epd_operator.api.resource import OperatorDefaults, Owner, parse_spec
+from epd_operator.render import Desired, render_desired
+from epd_operator.render.meta import bundle_hash
+
+pytestmark = pytest.mark.unit
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+OWNER = Owner(name="demo", namespace="serving", uid="00000000-0000-4000-8000-000000000002")
+WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet")
+
+
+def example(name: str) -> dict[str, Any]:
+    spec: dict[str, Any] = yaml.safe_load((EXAMPLES / f"{name}.yaml").read_text())["spec"]
+    return spec
+
+
+CROSS = "e-pd-mooncake-cross-encoder"
+OFFLOAD = "e-p-d-store-offload"
+SHARED = "e-pd-shared-storage"
+
+
+def render(spec: dict[str, Any]) -> Desired:
+    return render_desired(OWNER, parse_spec(spec), OperatorDefaults())
+
+
+def by_key(desired: Desired) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(o["kind"], o["metadata"]["name"]): o for o in desired.objects}
+
+
+def workloads(desired: Desired) -> list[dict[str, Any]]:
+    return [o for o in desired.objects if o["kind"] in WORKLOAD_KINDS]
+
+
+def bundles(desired: Desired) -> dict[str, RoleBundle]:
+    return {
+        o["metadata"]["name"].removesuffix("-bundle"): parse_bundle(o["data"][c.BUNDLE_FILE])
+        for o in desired.objects
+        if o["kind"] == "ConfigMap"
+    }
+
+
+def pod_hashes(desired: Desired) -> dict[str, str]:
+    return {
+        w["metadata"]["name"]: w["spec"]["template"]["metadata"]["annotations"][c.ANNOTATION_BUNDLE_HASH]
+        for w in workloads(desired)
+    }
+
+
+def changed(before: Desired, after: Desired) -> dict[tuple[str, str], tuple[Any, Any]]:
+    a, b = by_key(before), by_key(after)
+    assert a.keys() == b.keys(), "the set of objects changed"
+    return {k: (a[k], b[k]) for k in a if a[k] != b[k]}
+
+
+@pytest.mark.parametrize(
+    ("name", "path", "workload"),
+    [
+        (CROSS, ("encoder", "replicas"), ("Deployment", "demo-encoder")),
+        (CROSS, ("decode", "replicas"), ("Deployment", "demo-pd")),
+        (CROSS, ("proxy", "replicas"), ("Deployment", "demo-proxy")),
+        (CROSS, ("store", "clients", "replicas"), ("StatefulSet", "demo-store-client")),
+        (OFFLOAD, ("encoder", "replicas"), ("Deployment", "demo-encoder")),
+        (OFFLOAD, ("prefill", "replicas"), ("Deployment", "demo-prefill")),
+        (OFFLOAD, ("decode", "replicas"), ("Deployment", "demo-decode")),
+    ],
+)
+def test_scaling_a_role_changes_only_its_replicas(name: str, path: tuple[str, ...], workload: tuple[str, str]) -> None:
+    spec = example(name)
+    section = spec
+    for key in path[:-1]:
+        section = section.setdefault(key, {})
+    section[path[-1]] = 1
+    before = render(copy.deepcopy(spec))
+    section[path[-1]] = 3
+    after = render(spec)
+    diff = changed(before, after)
+    assert list(diff) == [workload]
+    old, new = diff[workload]
+    assert (old["spec"]["replicas"], new["spec"]["replicas"]) == (1, 3)
+    assert {**old["spec"], "replicas": 3} == new["spec"] and old["metadata"] == new["metadata"]
+    assert pod_hashes(before) == pod_hashes(after)
+
+
+def test_scaling_a_prefill_pool_changes_only_that_pool() -> None:
+    spec = example(OFFLOAD)
+    before = render(copy.deepcopy(spec))
+    spec["prefill"]["additionalPools"][0]["replicas"] = 4
+    assert list(changed(before, render(spec))) == [("Deployment", "demo-prefill-tp2")]
+
+
+def _carries_prefix(bundle: RoleBundle) -> bool:
+    ec = bundle.ec_transfer
+    reuse = ec is not None and getattr(ec.ec_connector_extra_config, "cross_encoder_cache", False)
+    kv = bundle.kv_transfer
+    store_kv = kv is not None and any(isinstance(x, MooncakeStoreConnectorConfig) for x in connectors_of(kv))
+    return bool(reuse or store_kv)
+
+
+@pytest.mark.parametrize("name", [CROSS, OFFLOAD, SHARED])
+def test_a_new_model_revision_rolls_exactly_the_roles_carrying_prefixes(name: str) -> None:
+    spec = example(name)
+    before = render(copy.deepcopy(spec))
+    spec["model"]["revision"] = "new-revision"
+    after = render(spec)
+    carriers = {n for n, b in bundles(before).items() if _carries_prefix(b)}
+    rolled = {n for n, h in pod_hashes(before).items() if pod_hashes(after)[n] != h}
+    assert rolled == carriers
+    expected = {CROSS: {"demo-encoder", "demo-pd"}, OFFLOAD: {"demo-prefill", "demo-prefill-tp2", "demo-decode"}}
+    assert rolled == expected.get(name, set())
+    assert before.derived.kv_cache_prefix != after.derived.kv_cache_prefix or name == SHARED
+
+
+def test_pod_template_hash_is_the_hash_of_its_configmap_bundle() -> None:
+    desired = render(example(OFFLOAD))
+    objects = by_key(desired)
+    for w in workloads(desired):
+        volume = next(v for v in w["spec"]["template"]["spec"]["volumes"] if "configMap" in v)
+        data = objects[("ConfigMap", volume["configMap"]["name"])]["data"][c.BUNDLE_FILE]
+        assert w["spec"]["template"]["metadata"]["annotations"][c.ANNOTATION_BUNDLE_HASH] == bundle_hash(data)
+
+
+def test_removing_prefill_gives_pd_objects_and_no_prefill_objects() -> None:
+    spec = example(OFFLOAD)
+    del spec["prefill"]
+    spec["decode"]["kv"] = {"storeOffload": True}
+    desired = render(spec)
+    roles = {o["metadata"]["labels"][c.LABEL_ROLE] for o in desired.objects}
+    assert c.ROLE_PD in roles and c.ROLE_PREFILL not in roles and c.ROLE_DECODE not in roles
+    assert [w.role for w in desired.workloads] == ["master", "store-client", "encoder", "pd", "proxy"]
+    proxy = bundles(desired)["demo-proxy"]
+    assert proxy.peers.pd and not proxy.peers.prefill and not proxy.peers.decode
+    assert desired.derived.store_tp_size == 0
+
+
+@pytest.mark.parametrize("name", [CROSS, OFFLOAD, SHARED])
+def test_every_pod_is_hardened_and_runs_epd_launch_for_its_role(name: str) -> None:
+    desired = render(example(name))
+    for w in workloads(desired):
+        pod = w["spec"]["template"]["spec"]
+        role = w["metadata"]["labels"][c.LABEL_ROLE]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["automountServiceAccountToken"] is False
+        for container in pod["containers"]:
+            sc = container["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+            assert sc["runAsNonRoot"] is True and sc["capabilities"] == {"drop": ["ALL"]}
+            assert container["command"][:2] == ["epd-launch", role]
+            assert container["command"][2:] == ["--bundle", f"{c.BUNDLE_MOUNT_DIR}/{c.BUNDLE_FILE}"]
+            env = {e["name"]: e for e in container["env"]}
+            assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+            assert env["EPD_WORKDIR"]["value"] == c.WORK_DIR
+            assert {m["mountPath"] for m in container["volumeMounts"]} >= {c.WORK_DIR, c.BUNDLE_MOUNT_DIR}
+            assert "readinessProbe" in container and "livenessProbe" in container
+
+
+def test_objects_come_in_apply_order_with_labels_and_owner() -> None:
+    desired = render(example(OFFLOAD))
+    kinds = [o["kind"] for o in desired.objects]
+    first_workload = next(i for i, k in enumerate(kinds) if k in WORKLOAD_KINDS)
+    assert "ConfigMap" not in kinds[first_workload:] and "Service" not in kinds[first_workload:]
+    assert [w.role for w in desired.workloads][:2] == ["master", "store-client"]
+    assert desired.workloads[-1].role == c.ROLE_PROXY and desired.objects[-1]["metadata"]["name"] == "demo-proxy"
+    for obj in desired.objects:
+        labels = obj["metadata"]["labels"]
+        assert labels[c.LABEL_DEPLOYMENT] == "demo" and labels[c.LABEL_MANAGED_BY] == c.MANAGED_BY
+        assert {c.LABEL_NAME, c.LABEL_INSTANCE, c.LABEL_COMPONENT, c.LABEL_PART_OF, c.LABEL_ROLE} <= labels.keys()
+        assert obj["metadata"]["ownerReferences"] == [OWNER.owner_reference()]
+
+
+def test_derived_values_reach_status_and_bundles() -> None:
+    desired = render(example(OFFLOAD))
+    d = desired.derived
+    assert (d.tenant_id, d.store_tp_size, d.endpoint) == ("serving-demo", 2, "http://demo-proxy.serving.svc:80")
+    for name in ("demo-prefill", "demo-prefill-tp2", "demo-decode"):
+        b = bundles(desired)[name]
+        assert b.mooncake is not None and b.mooncake.tenant_id == d.tenant_id
+        assert b.vllm is not None and b.vllm.python_hash_seed == d.python_hash_seed
+        assert b.kv_transfer is not None
+        store = next(x for x in connectors_of(b.kv_transfer) if isinstance(x, MooncakeStoreConnectorConfig))
+        extra = store.kv_connector_extra_config
+        assert (extra.cache_prefix, extra.prefill_tp_sizes, extra.effective_store_tp()) == (
+            d.kv_cache_prefix,
+            (1, 2),
+            2,
+        )
+
+
+def test_gpus_follow_tensor_parallel_size() -> None:
+    objects = by_key(render(example(OFFLOAD)))
+    for name, gpus in (("demo-encoder", 1), ("demo-prefill", 1), ("demo-prefill-tp2", 2), ("demo-decode", 2)):
+        container = objects[("Deployment", name)]["spec"]["template"]["spec"]["containers"][0]
+        assert container["resources"]["limits"][c.GPU_RESOURCE] == gpus
+
+
+def test_offload_is_switched_together_with_a_volume_on_the_clients() -> None:
+    desired = render(example(OFFLOAD))
+    found = bundles(desired)
+    assert found["demo-master"].master is not None and found["demo-master"].master.enable_offload
+    client = found["demo-store-client"].store_client
+    assert client is not None and client.enable_offload and client.offload_path
+    assert all(b.mooncake.enable_offload for b in found.values() if b.mooncake is not None)
+    sts = by_key(desired)[("StatefulSet", "demo-store-client")]["spec"]["template"]["spec"]
+    assert {"name": "offload", "emptyDir": {"sizeLimit": "500Gi"}} in sts["volumes"]
+    assert {"name": "offload", "mountPath": client.offload_path} in sts["containers"][0]["volumeMounts"]
+
+
+def test_store_client_memory_covers_segment_buffer_and_overhead() -> None:
+    spec = example(OFFLOAD)
+    container = by_key(render(spec))[("StatefulSet", "demo-store-client")]["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["requests"]["memory"] == container["resources"]["limits"]["memory"] == "66Gi"
+    spec["store"]["clients"]["resources"] = {"limits": {"memory": "100Gi", "cpu": "4"}}
+    container = by_key(render(spec))[("StatefulSet", "demo-store-client")]["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"] == {"memory": "100Gi", "cpu": "4"}
+    assert container["resources"]["requests"]["memory"] == "100Gi"
+
+
+def test_per_node_store_clients_are_a_daemonset_on_the_selected_nodes() -> None:
+    spec = example(CROSS)
+    spec["store"]["clients"] = {"perNode": True, "nodeSelector": {"store": "yes"}, "segmentSize": "8GiB"}
+    desired = render(spec)
+    ds = by_key(desired)[("DaemonSet", "demo-store-client")]
+    assert ds["spec"]["template"]["spec"]["nodeSelector"] == {"store": "yes"}
+    assert next(w for w in desired.workloads if w.role == c.ROLE_STORE_CLIENT).replicas is None
+    assert ("PodDisruptionBudget", "demo-store-client") not in by_key(desired)
+
+
+def test_tenant_isolation_admits_exactly_the_deployment_tenant() -> None:
+    desired = render(example(CROSS))
+    master = bundles(desired)["demo-master"].master
+    assert master is not None and master.enable_multi_tenants and master.tenant_quota_policy is not None
+    assert [(t.name, t.quota) for t in master.tenant_quota_policy.tenants] == [("serving-demo", 48 * 1024**3)]
+
+
+def test_cross_encoder_reuse_flags() -> None:
+    desired = render(example(CROSS))
+    encoder = bundles(desired)["demo-encoder"]
+    assert encoder.vllm is not None and encoder.vllm.use_v2_model_runner is True
+    assert encoder.mooncake is not None and encoder.peers.master_metrics_url
+    extra = json.loads(encoder.ec_transfer.to_cli_json())["ec_connector_extra_config"]  # type: ignore[union-attr]
+    assert extra["cross_encoder_cache"] is True
+    assert extra["embedding_cache_prefix"] == desired.derived.embedding_cache_prefix
+    assert "--mm-processor-kwargs" in encoder.vllm.extra_args
+
+
+def test_proxy_peers_are_service_names_and_no_consumer_addresses() -> None:
+    proxy = bundles(render(example(OFFLOAD)))["demo-proxy"]
+    assert [e.host for e in proxy.peers.prefill] == ["demo-prefill.serving.svc", "demo-prefill-tp2.serving.svc"]
+    assert proxy.peers.ec_consumers == [] and proxy.peers.master_health_url is None
+
+
+def test_network_policies_admit_only_the_deployment_to_the_store() -> None:
+    objects = by_key(render(example(CROSS)))
+    for role in (c.ROLE_MASTER, c.ROLE_STORE_CLIENT):
+        policy = objects[("NetworkPolicy", f"demo-{role}")]["spec"]
+        assert policy["podSelector"]["matchLabels"] == {c.LABEL_DEPLOYMENT: "demo", c.LABEL_ROLE: role}
+        private, scrape = policy["ingress"]
+        assert private["from"] == [{"podSelector": {"matchLabels": {c.LABEL_DEPLOYMENT: "demo"}}}]
+        assert scrape == {"from": [{"podSelector": {}}], "ports": [{"port": "metrics", "protocol": "TCP"}]}
+
+
+@pytest.mark.parametrize("connector", ["mooncake", "mooncake-store", "mooncake+store", "shared-storage"])
+def test_every_kv_connector_renders_consistent_bundles(connector: str) -> None:
+    spec = example(OFFLOAD)
+    spec["prefill"]["kv"]["connector"] = connector
+    spec["sharedStorage"] = {"pvc": {"claimName": "shared"}}
+    if "store" not in connector:
+        spec["decode"]["kv"] = {}
+    desired = render(spec)
+    assert check_deployment(bundles(desired)) == []
+    decode = bundles(desired)["demo-decode"]
+    assert decode.kv_transfer is not None and decode.kv_transfer.kv_role == "kv_consumer"
+    shared_mounted = any(
+        v["name"] == "shared"
+        for v in by_key(desired)[("Deployment", "demo-decode")]["spec"]["template"]["spec"]["volumes"]
+    )
+    assert shared_mounted == (connector == "shared-storage")
+
+
+def test_embedded_store_has_no_clients_and_an_embedded_pool() -> None:
+    spec = example(CROSS)
+    spec["store"]["mode"] = "embedded"
+    desired = render(spec)
+    assert not [o for o in desired.objects if o["metadata"]["labels"][c.LABEL_ROLE] == c.ROLE_STORE_CLIENT]
+    encoder = bundles(desired)["demo-encoder"].mooncake
+    assert encoder is not None and encoder.mode.value == "embedded" and encoder.global_segment_size > 0
+    assert check_deployment(bundles(desired)) == []
+
+
+def test_rendering_is_deterministic() -> None:
+    assert render(example(OFFLOAD)) == render(example(OFFLOAD))

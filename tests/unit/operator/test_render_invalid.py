@@ -1,0 +1,150 @@
+"""Specs that cannot be deployed raise InvalidSpecError, with one problem per line naming the spec field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from epd_connectors.config.bundle import parse_bundle
+from epd_operator.api.resource import InvalidSpecError, OperatorDefaults, Owner, parse_spec
+from epd_operator.render import bundles_vllm, render_desired, validate
+
+pytestmark = pytest.mark.unit
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+OWNER = Owner(name="demo", namespace="serving", uid="00000000-0000-4000-8000-000000000003")
+
+
+def example(name: str) -> dict[str, Any]:
+    spec: dict[str, Any] = yaml.safe_load((EXAMPLES / f"{name}.yaml").read_text())["spec"]
+    return spec
+
+
+def problems_of(spec: dict[str, Any], owner: Owner = OWNER) -> list[str]:
+    with pytest.raises(InvalidSpecError) as caught:
+        render_desired(owner, parse_spec(spec), OperatorDefaults())
+    assert str(caught.value) == "; ".join(caught.value.problems)
+    return caught.value.problems
+
+
+def test_extra_args_may_not_override_an_owned_vllm_flag() -> None:
+    spec = example("e-pd-shared-storage")
+    spec["encoder"]["extraArgs"] = ["--port=9000"]
+    [problem] = problems_of(spec)
+    assert problem.startswith("spec.encoder.extraArgs: ") and "--port" in problem and "Fix:" in problem
+
+
+def test_an_abbreviated_owned_flag_on_a_prefill_pool_names_the_prefill_field() -> None:
+    spec = example("e-p-d-store-offload")
+    spec["prefill"]["extraArgs"] = ["--kv-transfer", "{}"]
+    problems = problems_of(spec)
+    assert problems and all(p.startswith("spec.prefill") and ".extraArgs: " in p for p in problems)
+
+
+def test_processor_kwargs_belong_to_the_model_field() -> None:
+    spec = example("e-pd-mooncake-cross-encoder")
+    spec["decode"]["extraArgs"] = ["--mm-processor-kwargs", "{}"]
+    [problem] = problems_of(spec)
+    assert problem.startswith("spec.decode.extraArgs = ") and "spec.model.mmProcessorKwargs" in problem
+
+
+def test_env_may_not_set_a_launcher_owned_variable() -> None:
+    spec = example("e-pd-mooncake-cross-encoder")
+    spec["decode"]["env"] = {"PYTHONHASHSEED": "0"}
+    [problem] = problems_of(spec)
+    assert problem.startswith("spec.decode.env: ") and "PYTHONHASHSEED" in problem
+
+
+def test_decode_tp_must_divide_the_store_tp() -> None:
+    spec = example("e-p-d-store-offload")
+    spec["decode"]["tensorParallelSize"] = 4
+    [problem] = problems_of(spec)
+    assert problem.startswith("spec.decode.tensorParallelSize = 4: ") and "store TP" in problem
+
+
+def test_a_consistency_disagreement_is_refused_naming_the_deciding_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = bundles_vllm.server_config
+
+    def skewed(ctx: Any, unit: Any) -> Any:  # one role's seed drifts, as a render bug would make it
+        server = real(ctx, unit)
+        return server.model_copy(update={"python_hash_seed": 1}) if unit.role == "encoder" else server
+
+    monkeypatch.setattr(bundles_vllm, "server_config", skewed)
+    [problem] = problems_of(example("e-pd-mooncake-cross-encoder"))
+    assert problem.startswith("spec.<role>.env: PYTHONHASHSEED differs between bundles: ")
+    assert "demo-encoder.vllm.python_hash_seed = 1" in problem
+
+
+def test_deployment_problems_map_each_topic_to_its_spec_field() -> None:
+    desired = render_desired(OWNER, parse_spec(example("e-pd-mooncake-cross-encoder")), OperatorDefaults())
+    found = {
+        o["metadata"]["name"]: parse_bundle(o["data"]["bundle.json"])
+        for o in desired.objects
+        if o["kind"] == "ConfigMap"
+    }
+    assert validate.deployment_problems(found) == []
+    pd = found["demo-pd-bundle"]
+    assert pd.mooncake is not None
+    found["demo-pd-bundle"] = pd.model_copy(update={"mooncake": pd.mooncake.model_copy(update={"tenant_id": "other"})})
+    problems = validate.deployment_problems(found)
+    assert problems[0].startswith("spec.store.tenant.id: tenant id differs between bundles")
+    assert "demo-pd-bundle.mooncake.tenant_id = 'other'" in problems[0]
+    # The isolating master admits only the deployment's tenant, which is decided by the same field.
+    assert problems[1:] and all(p.startswith("spec.store.tenant.id: ") and "quota policy" in p for p in problems[1:])
+
+
+def test_ha_masters_are_refused_until_the_launcher_can_advertise_the_pod_ip() -> None:
+    spec = example("e-pd-mooncake-cross-encoder")
+    spec["store"]["master"] = {"ha": {"backend": "k8s"}}
+    [problem] = problems_of(spec)
+    assert problem.startswith("spec.store.master.ha")
+
+
+def test_prefill_pool_names_are_unique_and_not_main() -> None:
+    spec = example("e-p-d-store-offload")
+    spec["prefill"]["additionalPools"] += [
+        {"name": "tp2", "tensorParallelSize": 2},
+        {"name": "main", "tensorParallelSize": 1},
+    ]
+    problems = problems_of(spec)
+    assert [p.split(" = ")[0] for p in problems] == [
+        "spec.prefill.additionalPools[1].name",
+        "spec.prefill.additionalPools[2].name",
+    ]
+
+
+def test_a_name_too_long_for_its_services_is_refused() -> None:
+    owner = Owner(name="x" * 60, namespace="serving", uid="u")
+    problems = problems_of(example("e-pd-shared-storage"), owner)
+    assert problems and all(p.startswith("metadata.name = ") for p in problems)
+
+
+def test_gpu_counts_come_from_tensor_parallel_size() -> None:
+    spec = example("e-p-d-store-offload")
+    spec["decode"]["resources"] = {"limits": {"nvidia.com/gpu": 1}}
+    [problem] = problems_of(spec)
+    assert problem.startswith("spec.decode.resources.limits[nvidia.com/gpu] = 1: ")
+
+
+def test_save_decode_cache_needs_a_store_kv_connector() -> None:
+    spec = example("e-p-d-store-offload")
+    spec["prefill"]["kv"]["connector"] = "mooncake"
+    [problem] = problems_of(spec)
+    assert problem.startswith("spec.decode.kv.saveDecodeCache")
+
+
+def test_store_client_port_may_not_take_its_metrics_port() -> None:
+    spec = example("e-p-d-store-offload")
+    spec["store"]["clients"]["port"] = 9300
+    [problem] = problems_of(spec)
+    assert problem.startswith("spec.store.clients.port = 9300: ")
+
+
+def test_master_ports_may_not_collide() -> None:
+    spec = example("e-pd-mooncake-cross-encoder")
+    spec["store"]["master"] = {"metricsPort": 50051}
+    [problem] = problems_of(spec)
+    assert problem.startswith("spec.store.master ports = 50051")

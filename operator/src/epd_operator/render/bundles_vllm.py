@@ -25,6 +25,12 @@ MM_PROCESSOR_KWARGS_FLAG = "--mm-processor-kwargs"
 pass it in extraArgs as well."""
 
 VllmRoleName = Literal["encoder", "prefill", "decode", "pd"]
+_VLLM_ROLES: dict[str, VllmRoleName] = {
+    c.ROLE_ENCODER: "encoder",
+    c.ROLE_PREFILL: "prefill",
+    c.ROLE_DECODE: "decode",
+    c.ROLE_PD: "pd",
+}
 
 
 def model_path(ctx: Context) -> str:
@@ -72,7 +78,7 @@ def server_config(ctx: Context, unit: Unit) -> VllmServerConfig:
     """One vLLM server: model and identity from spec.model, parallelism from the unit, the seed derived."""
     model = ctx.spec.model
     section = role_spec(ctx, unit)
-    role: VllmRoleName = unit.role  # type: ignore[assignment]  # units of vLLM roles only
+    role = _VLLM_ROLES[unit.role]
     extra: list[str] = []
     if model.mm_processor_kwargs:
         kwargs = json.dumps(dict(sorted(model.mm_processor_kwargs.items())), separators=(",", ":"))

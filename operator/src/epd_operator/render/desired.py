@@ -7,6 +7,7 @@ Pure: no I/O; the same input always gives byte-identical objects.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,9 +140,10 @@ def _bundles(ctx: Context, all_units: list[Unit]) -> dict[str, RoleBundle]:
             return proxy.proxy_bundle(ctx, all_units)
         return bundles_vllm.vllm_bundle(ctx, unit, master, store_json)
 
-    built, problems = validate.collect(
-        [(u.name, lambda u=u: validate.guarded(u.spec_path, lambda: build(u))) for u in all_units]  # type: ignore[misc]
-    )
+    def checked(unit: Unit) -> Callable[[], RoleBundle]:
+        return lambda: validate.guarded(unit.spec_path, lambda: build(unit))
+
+    built, problems = validate.collect([(u.name, checked(u)) for u in all_units])
     if problems:
         raise InvalidSpecError(list(dict.fromkeys(problems)))
     return built

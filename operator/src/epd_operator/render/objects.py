@@ -27,8 +27,11 @@ def render_bundle_configmap(ctx: Context, unit: Unit, bundle_json: str) -> dict[
     }
 
 
-def render_deployment(ctx: Context, unit: Unit, template: dict[str, Any]) -> dict[str, Any]:
-    """A Deployment; rolling updates add one pod before removing one, so serving capacity never drops."""
+def render_deployment(ctx: Context, unit: Unit, template: dict[str, Any], *, surge: bool = True) -> dict[str, Any]:
+    """A Deployment. With `surge` a rollout adds one pod before removing one, so capacity never drops; without
+    it (GPU roles) one pod is replaced at a time, since GPUs are usually fully allocated and a surge pod would
+    stay Pending and stall the rollout forever."""
+    rolling = {"maxSurge": 1, "maxUnavailable": 0} if surge else {"maxSurge": 0, "maxUnavailable": 1}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -36,7 +39,7 @@ def render_deployment(ctx: Context, unit: Unit, template: dict[str, Any]) -> dic
         "spec": {
             "replicas": unit.replicas,
             "selector": {"matchLabels": _selector(ctx, unit)},
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling},
             "template": template,
         },
     }

@@ -74,6 +74,7 @@ def consumer_ec(ctx: Context) -> ECConfig:
             ec_connector_extra_config=ECExampleExtra(shared_storage_path=EC_SHARED_PATH),
         )
     return ECMooncakeConsumer(
+        # Encoders and consumers run on the same kind of hardware; one setting keeps their pools alike.
         ec_buffer_device=enc.buffer_device,
         ec_ip=POD_IP_PLACEHOLDER,
         ec_port=ports.EC_CONTROL_PORT,

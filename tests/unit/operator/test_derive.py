@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from epd_connectors.config.master import MasterConfig
 from epd_connectors.config.mooncake import TENANT_RE
@@ -85,6 +87,18 @@ def test_tenant_id_is_readable_stable_and_valid() -> None:
     assert derived == identity.tenant_id(None, long_ns, long_name)
     assert len(derived) <= identity.TENANT_MAX_LEN and TENANT_RE.match(derived)
     assert derived != identity.tenant_id(None, long_ns, long_name + "y")
+
+
+_LABEL = st.from_regex(r"\A[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
+_SUBDOMAIN = st.lists(_LABEL, min_size=1, max_size=4).map(".".join).filter(lambda s: len(s) <= 253)
+
+
+@settings(max_examples=100, deadline=None)
+@given(namespace=_LABEL, name=_SUBDOMAIN)
+def test_any_kubernetes_name_gives_a_valid_tenant_id(namespace: str, name: str) -> None:
+    derived = identity.tenant_id(None, namespace, name)
+    assert TENANT_RE.match(derived) and len(derived) <= identity.TENANT_MAX_LEN
+    assert derived == identity.tenant_id(None, namespace, name)
 
 
 def test_hash_seed_is_stable_in_range_and_per_deployment() -> None:

@@ -16,6 +16,7 @@ import yaml
 
 from epd_connectors.config.bundle import parse_bundle
 from epd_connectors.config.consistency import check_deployment
+from epd_connectors.launch.plan import plan_launch
 from epd_operator.api import constants as c
 from epd_operator.api.resource import OperatorDefaults, Owner, parse_spec
 from epd_operator.render import Desired, render_desired
@@ -90,3 +91,28 @@ def test_every_example_renders_consistent_bundles(path: Path) -> None:
     for obj in desired.objects:
         assert obj["metadata"]["namespace"] == doc["metadata"].get("namespace", "default")
         assert obj["metadata"]["ownerReferences"][0]["uid"] == UID
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_every_bundle_launches_in_its_pod(path: Path) -> None:
+    """What epd-launch would do in each rendered pod: POD_IP replaces every placeholder, and every file it
+    writes lands on the writable work volume (the root filesystem is read-only)."""
+    desired = render_example(path)
+    pod_ip = "10.1.2.3"
+    for cm in (o for o in desired.objects if o["kind"] == "ConfigMap"):
+        bundle = parse_bundle(cm["data"][c.BUNDLE_FILE])
+        plan = plan_launch(
+            bundle,
+            workdir=c.WORK_DIR,
+            bundle_path=f"{c.BUNDLE_MOUNT_DIR}/{c.BUNDLE_FILE}",
+            environ={"POD_IP": pod_ip},
+        )
+        rendered = " ".join([*plan.argv, *plan.env.values(), *plan.files.values()])
+        assert "pod-ip.invalid" not in rendered, cm["metadata"]["name"]
+        assert all(f.startswith(c.WORK_DIR + "/") for f in plan.files), plan.files
+        if bundle.store_client is not None:
+            assert f"--host={pod_ip}" in plan.argv
+        if bundle.vllm is not None:
+            assert plan.env["VLLM_HOST_IP"] == pod_ip
+            assert plan.env["PYTHONHASHSEED"] == str(desired.derived.python_hash_seed)
+            assert plan.argv[plan.argv.index("--model") + 1].startswith(c.MODEL_MOUNT_DIR)

@@ -1,0 +1,241 @@
+"""What the kopf handlers share between calls, and the sequence each one runs (part of the handlers layer).
+
+The operator remembers, per EPDDeployment, the last valid render (its workloads, derived values and
+objects), why the current spec is invalid if it is, and the status it last wrote; and, per workload, the
+last state the watch reported. With that, a workload event recomputes its owner's status without a single
+read, and the status is written only when it differs from the last one. A restarted operator rebuilds all of
+it: kopf lists the workloads before handling anything and runs the resume handler for every EPDDeployment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from epd_operator import _kube, apply, status
+from epd_operator.api import constants as c
+from epd_operator.api.resource import InvalidSpecError, OperatorDefaults, Owner, parse_spec
+from epd_operator.api.status import EPDDeploymentStatus
+from epd_operator.metrics import Metrics
+from epd_operator.render import Desired, render_desired
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]
+"""(namespace, name) of an EPDDeployment."""
+
+RETRY_DELAY_S = 5.0
+"""Before kopf retries a reconcile the API server failed; its own backoff grows from there."""
+
+ANNOUNCED = frozenset({c.COND_VALID, c.COND_READY})
+"""Conditions announced by an Event when they turn True; any condition is announced when it turns False."""
+
+
+@dataclass
+class Tracked:
+    """One EPDDeployment as the operator knows it."""
+
+    owner: Owner
+    ref: kopf.Body
+    """apiVersion, kind and metadata (name, namespace, uid): what Events need."""
+    status: EPDDeploymentStatus
+    """As last written (or read from the object when first seen)."""
+    problems: list[str] = field(default_factory=list)
+    desired: Desired | None = None
+    """The last valid render; None until a spec was valid."""
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+def _owner(body: Mapping[str, Any]) -> Owner:
+    meta = body["metadata"]
+    return Owner(meta["name"], meta["namespace"], meta["uid"], int(meta.get("generation") or 1))
+
+
+def _key(tracked: Tracked) -> Key:
+    return tracked.owner.namespace, tracked.owner.name
+
+
+def _trim(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The parts of a workload status reads (a watch body holds the whole pod template)."""
+    meta = body.get("metadata", {})
+    return {
+        "metadata": {k: meta[k] for k in ("name", "generation", "deletionTimestamp") if k in meta},
+        "spec": {"replicas": (body.get("spec") or {}).get("replicas", 1)},
+        "status": dict(body.get("status") or {}),
+    }
+
+
+class Runtime:
+    """The state of one operator process."""
+
+    def __init__(self, client: _kube.Client, defaults: OperatorDefaults, metrics: Metrics) -> None:
+        self.client, self.defaults, self.metrics = client, defaults, metrics
+        self.deployments: dict[Key, Tracked] = {}
+        self.workloads: dict[tuple[str, str, str], dict[str, Any]] = {}
+        """(kind, namespace, name) -> the workload as last seen."""
+        self.applied = apply.Applied()
+
+    def track(self, body: Mapping[str, Any]) -> Tracked:
+        owner = _owner(body)
+        key = (owner.namespace, owner.name)
+        tracked = self.deployments.get(key)
+        if tracked is None or tracked.owner.uid != owner.uid:  # new, or deleted and created again
+            meta = body["metadata"]
+            raw: kopf.RawBody = {
+                "apiVersion": c.API_VERSION,
+                "kind": c.KIND,
+                "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"]},
+            }
+            ref = kopf.Body(raw)
+            tracked = Tracked(owner, ref, status.parse(body.get("status")))
+            self.deployments[key] = tracked
+        tracked.owner = owner
+        return tracked
+
+    def forget(self, namespace: str, name: str) -> None:
+        """The EPDDeployment is gone (its children follow through garbage collection)."""
+        tracked = self.deployments.pop((namespace, name), None)
+        if tracked is not None and tracked.desired is not None:
+            self.applied.forget(namespace, [apply.key_of(o) for o in tracked.desired.objects])
+        self.metrics.forget((namespace, name))
+
+    # -- reconcile
+
+    async def reconcile(self, body: Mapping[str, Any]) -> None:
+        """Parse, render, apply, prune, status. Raises kopf errors so kopf retries what may succeed later."""
+        tracked = self.track(body)
+        began = time.perf_counter()
+        async with tracked.lock:
+            try:
+                outcome = await self._reconcile(tracked, body.get("spec") or {})
+            except _kube.KubeError as exc:
+                self.metrics.reconciles.labels("error").inc()
+                self.metrics.errors.labels(type(exc).__name__).inc()
+                kopf.warn(tracked.ref, reason="ApplyFailed", message=str(exc)[:1000])
+                if exc.retryable:
+                    raise kopf.TemporaryError(str(exc), delay=RETRY_DELAY_S) from exc
+                raise kopf.PermanentError(str(exc)) from exc
+            except Exception:
+                self.metrics.reconciles.labels("error").inc()
+                self.metrics.errors.labels("Unexpected").inc()
+                raise
+            finally:
+                self.metrics.duration.observe(time.perf_counter() - began)
+        self.metrics.reconciles.labels(outcome).inc()
+
+    async def _reconcile(self, tracked: Tracked, raw_spec: dict[str, Any]) -> str:
+        try:
+            desired = render_desired(tracked.owner, parse_spec(raw_spec), self.defaults)
+        except InvalidSpecError as exc:
+            if exc.problems != tracked.problems:
+                kopf.warn(tracked.ref, reason="InvalidSpec", message=str(exc)[:1000])
+            tracked.problems = list(exc.problems)
+            self.metrics.errors.labels("InvalidSpec").inc()
+            log.warning("%s/%s: invalid spec, children left as they are: %s", *_key(tracked), exc)
+            await self.publish(tracked)
+            return "invalid"
+        if tracked.problems:
+            kopf.info(tracked.ref, reason="SpecValid", message="the spec is valid again; applying it")
+        tracked.problems = []
+        result = await apply.sync(self.client, tracked.owner, desired.objects, self.applied)
+        tracked.desired = desired
+        for obj in result.live:
+            if obj["kind"] in apply.WORKLOAD_KINDS:
+                # An apply answer is at least as new as anything watched so far; a listed object is not.
+                k = apply.key_of(obj)
+                if k in result.written or k not in self.workloads:
+                    self.workloads[k] = _trim(obj)
+        self.metrics.set_objects(
+            (tracked.owner.namespace, tracked.owner.name), Counter(o["kind"] for o in desired.objects)
+        )
+        if result.changed:
+            message = f"{len(result.written)} object(s) created or changed, {len(result.deleted)} pruned"
+            kopf.info(tracked.ref, reason="Applied", message=message)
+        log.info(
+            "%s/%s generation %d: %d written, %d pruned, %d no-op applies, %d skipped",
+            tracked.owner.namespace,
+            tracked.owner.name,
+            tracked.owner.generation,
+            len(result.written),
+            len(result.deleted),
+            result.sent - len(result.written),
+            result.skipped,
+        )
+        await self.publish(tracked)
+        return "changed" if result.changed else "unchanged"
+
+    # -- status
+
+    async def publish(self, tracked: Tracked) -> None:
+        """Recompute the status from what is known; write it only if it changed. Call with the lock held."""
+        owner, desired = tracked.owner, tracked.desired
+        observed = None
+        if desired is not None:
+            observed = [
+                status.observe(w, self.workloads.get((w.kind, owner.namespace, w.name))) for w in desired.workloads
+            ]
+        facts = status.Facts(
+            generation=owner.generation,
+            problems=tracked.problems,
+            observed=observed,
+            derived=desired.derived if desired is not None else None,
+            previous=tracked.status,
+            now=status.now(),
+        )
+        new = status.compute(facts)
+        if new == tracked.status:
+            return
+        if not await status.write(self.client, owner.namespace, owner.name, new):
+            return  # deleted meanwhile
+        self.metrics.status_writes.inc()
+        self.metrics.set_phase((owner.namespace, owner.name), new.phase)
+        first = not tracked.status.conditions  # a new object starts not ready: nothing to announce
+        for flipped in status.flips(tracked.status, new):
+            event = f"{flipped.type} is {flipped.status}: {flipped.message}"[:1000]
+            if flipped.status == "True" and flipped.type in ANNOUNCED:
+                kopf.info(tracked.ref, reason=flipped.type, message=event)
+            elif flipped.status == "False" and not first and flipped.type != c.COND_VALID:  # InvalidSpec said it
+                if flipped.reason in status.PROGRESS_REASONS:
+                    kopf.info(tracked.ref, reason=flipped.reason, message=event)
+                else:
+                    kopf.warn(tracked.ref, reason=flipped.reason, message=event)
+        tracked.status = new
+
+    async def workload_event(self, event_type: str | None, kind: str, body: Mapping[str, Any]) -> None:
+        """A watched workload changed: remember it, and refresh its owner's status (or recreate it if deleted)."""
+        meta = body.get("metadata", {})
+        namespace, name = meta.get("namespace", ""), meta.get("name", "")
+        key = (kind, namespace, name)
+        if event_type == "DELETED":
+            self.workloads.pop(key, None)
+        else:
+            self.workloads[key] = _trim(body)
+        owner_name = (meta.get("labels") or {}).get(c.LABEL_DEPLOYMENT)
+        tracked = self.deployments.get((namespace, owner_name or ""))
+        if tracked is None or tracked.desired is None:
+            return  # not seen yet: its resume or create handler publishes once it ran
+        if not any(w.kind == key[0] and w.name == name for w in tracked.desired.workloads):
+            return  # a pruned or foreign workload
+        async with tracked.lock:
+            if event_type == "DELETED" and self.deployments.get((namespace, tracked.owner.name)) is tracked:
+                try:
+                    await self._restore(tracked)
+                except _kube.KubeError as exc:  # the next event or reconcile tries again
+                    kopf.warn(tracked.ref, reason="RestoreFailed", message=str(exc)[:1000])
+            await self.publish(tracked)
+
+    async def _restore(self, tracked: Tracked) -> None:
+        """Someone deleted a workload of a live EPDDeployment: apply the last valid render again."""
+        owner = tracked.owner
+        if tracked.desired is None or not await status.exists(self.client, owner.namespace, owner.name, owner.uid):
+            return  # the owner is going away; garbage collection is deleting its children
+        result = await apply.sync(self.client, owner, tracked.desired.objects, self.applied)
+        if result.written:
+            kopf.warn(tracked.ref, reason="Restored", message=f"recreated {len(result.written)} deleted object(s)")

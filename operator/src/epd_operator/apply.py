@@ -1,0 +1,234 @@
+"""Make the cluster hold exactly the desired children of one EPDDeployment: apply what is new, prune the rest.
+
+Every write goes through server-side apply under the one field manager (`constants.FIELD_MANAGER`, forced),
+so the operator owns exactly the fields it renders and a re-apply of identical content is a no-op on the
+server (measured on the local control plane: the resourceVersion stays the same). To spare the API server
+those no-op requests too, `Applied` remembers what this process last applied: an object whose rendered
+content and live generation are unchanged since then is not sent again. A fresh process remembers nothing,
+so its first reconcile re-applies everything once, which also repairs drift made while it was down.
+
+Pruning lists the children by label (`epd.serving.io/deployment=<name>` and managed-by) across the managed
+kinds and deletes those not desired, but only ones whose controller owner reference is this very
+EPDDeployment (uid), so a stray object that merely carries the labels is never deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from epd_operator import _kube
+from epd_operator.api import constants as c
+from epd_operator.api.resource import Owner
+
+KubeError = _kube.KubeError
+"""Re-exported: callers of apply catch our own errors, never the client's."""
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A kind the operator creates: enough to build its REST path."""
+
+    api_version: str
+    kind: str
+    plural: str
+
+    def collection(self, namespace: str) -> str:
+        return _kube.collection_path(self.api_version, self.plural, namespace)
+
+
+MANAGED_KINDS: tuple[Kind, ...] = (
+    Kind("v1", "ConfigMap", "configmaps"),
+    Kind("v1", "Service", "services"),
+    Kind("v1", "ServiceAccount", "serviceaccounts"),
+    Kind("rbac.authorization.k8s.io/v1", "Role", "roles"),
+    Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
+    Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
+    Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
+    Kind("apps/v1", "StatefulSet", "statefulsets"),
+    Kind("apps/v1", "DaemonSet", "daemonsets"),
+    Kind("apps/v1", "Deployment", "deployments"),
+)
+"""Every kind render may produce; pruning lists exactly these (one request each)."""
+
+_BY_KIND = {k.kind: k for k in MANAGED_KINDS}
+
+WORKLOAD_KINDS = frozenset({"Deployment", "StatefulSet", "DaemonSet"})
+
+
+class UnmanagedKindError(ValueError):
+    """A desired object of a kind outside MANAGED_KINDS: it could be applied but never pruned."""
+
+
+def kind_of(obj: dict[str, Any]) -> Kind:
+    try:
+        return _BY_KIND[obj["kind"]]
+    except KeyError:
+        raise UnmanagedKindError(
+            f"kind {obj.get('kind')!r} is not managed; add it to epd_operator.apply.MANAGED_KINDS"
+        ) from None
+
+
+def key_of(obj: dict[str, Any]) -> tuple[str, str, str]:
+    """(kind, namespace, name): how children are matched between desired and live."""
+    meta = obj["metadata"]
+    return obj["kind"], meta.get("namespace", ""), meta["name"]
+
+
+def fingerprint(obj: dict[str, Any]) -> str:
+    """A digest of the rendered content: equal digests mean an apply would send the same thing."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _live_version(live: dict[str, Any]) -> str:
+    # generation moves only when someone changes the spec (not on status updates); kinds without one
+    # (ConfigMap, Service, ...) change their resourceVersion only when written.
+    meta = live.get("metadata", {})
+    generation = meta.get("generation")
+    return f"g{generation}" if generation is not None else f"rv{meta.get('resourceVersion')}"
+
+
+@dataclass
+class Applied:
+    """What this process last applied, by (kind, namespace, name): (fingerprint, live version after the apply)."""
+
+    entries: dict[tuple[str, str, str], tuple[str, str]] = field(default_factory=dict)
+
+    def unchanged(self, desired: dict[str, Any], digest: str, live: dict[str, Any] | None) -> bool:
+        if live is None or live.get("metadata", {}).get("deletionTimestamp"):
+            return False
+        return self.entries.get(key_of(desired)) == (digest, _live_version(live))
+
+    def record(self, desired: dict[str, Any], digest: str, live: dict[str, Any]) -> None:
+        self.entries[key_of(desired)] = (digest, _live_version(live))
+
+    def forget(self, namespace: str, keys: Iterable[tuple[str, str, str]] | None = None) -> None:
+        """Drop entries (all of a namespace when keys is None), e.g. when their EPDDeployment is gone."""
+        doomed = list(keys) if keys is not None else [k for k in self.entries if k[1] == namespace]
+        for key in doomed:
+            self.entries.pop(key, None)
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    """What one sync did, and the children as they are now."""
+
+    written: list[tuple[str, str, str]]
+    """Objects the server created or changed (a re-apply it found identical is not among them)."""
+    sent: int
+    """Apply requests made (written ones plus no-ops)."""
+    skipped: int
+    """Objects not sent because nothing changed since this process applied them."""
+    deleted: list[tuple[str, str, str]]
+    """Children pruned."""
+    live: list[dict[str, Any]]
+    """Every desired child as the server returned or listed it (workloads feed status)."""
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.written or self.deleted)
+
+
+async def apply(client: _kube.Requester, obj: dict[str, Any]) -> dict[str, Any]:
+    """Server-side apply of one object of any managed kind (forced, our field manager); the live object."""
+    kind = kind_of(obj)
+    meta = obj["metadata"]
+    return await client.request(
+        "PATCH",
+        f"{kind.collection(meta['namespace'])}/{meta['name']}",
+        query={"fieldManager": c.FIELD_MANAGER, "force": "true"},
+        body=obj,
+        content_type=_kube.APPLY_PATCH,
+    )
+
+
+def selector(owner_name: str) -> str:
+    """The label selector of one EPDDeployment's children."""
+    return f"{c.LABEL_DEPLOYMENT}={owner_name},{c.LABEL_MANAGED_BY}={c.MANAGED_BY}"
+
+
+async def list_children(
+    client: _kube.Requester, namespace: str, owner_name: str, kinds: Sequence[Kind] = MANAGED_KINDS
+) -> list[dict[str, Any]]:
+    """Every object of the managed kinds carrying the deployment's labels (one list request per kind)."""
+
+    async def one(kind: Kind) -> list[dict[str, Any]]:
+        listed = await client.request("GET", kind.collection(namespace), query={"labelSelector": selector(owner_name)})
+        items: list[dict[str, Any]] = listed.get("items") or []
+        for item in items:  # list items carry no apiVersion/kind
+            item.setdefault("apiVersion", kind.api_version)
+            item.setdefault("kind", kind.kind)
+        return items
+
+    found: list[dict[str, Any]] = []
+    for items in await asyncio.gather(*(one(k) for k in kinds)):
+        found.extend(items)
+    return found
+
+
+def _controlled_by(obj: dict[str, Any], uid: str) -> bool:
+    refs = obj.get("metadata", {}).get("ownerReferences") or []
+    return any(ref.get("uid") == uid and ref.get("controller") for ref in refs)
+
+
+async def delete(client: _kube.Requester, obj: dict[str, Any]) -> None:
+    """Delete one object (its own dependents, e.g. pods, are then collected in the background)."""
+    kind = kind_of(obj)
+    meta = obj["metadata"]
+    body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+    if meta.get("uid"):  # never delete a same-named object created since we listed
+        body["preconditions"] = {"uid": meta["uid"]}
+    # NotFound: already gone; Conflict: replaced by a new object since we listed, not ours to judge here.
+    with contextlib.suppress(_kube.NotFoundError, _kube.ConflictError):
+        await client.request("DELETE", f"{kind.collection(meta['namespace'])}/{meta['name']}", body=body)
+
+
+def _batches(objects: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Consecutive non-workload objects form one batch (sent at once); each workload is a batch of its own,
+    so workloads start in the render's order (store, encoders, language-model roles, proxy last) and after
+    the ConfigMaps and Services they use."""
+    batches: list[list[dict[str, Any]]] = []
+    for obj in objects:
+        if obj["kind"] in WORKLOAD_KINDS or not batches or batches[-1][-1]["kind"] in WORKLOAD_KINDS:
+            batches.append([obj])
+        else:
+            batches[-1].append(obj)
+    return batches
+
+
+async def sync(client: _kube.Requester, owner: Owner, objects: Sequence[dict[str, Any]], memory: Applied) -> SyncResult:
+    """Apply `objects` (skipping ones unchanged since this process applied them), then prune the rest."""
+    for obj in objects:
+        kind_of(obj)  # refuse an unmanaged kind before writing anything
+    current = {key_of(o): o for o in await list_children(client, owner.namespace, owner.name)}
+    live: dict[tuple[str, str, str], dict[str, Any]] = {}
+    written: list[tuple[str, str, str]] = []
+    sent = 0
+
+    async def one(obj: dict[str, Any]) -> None:
+        nonlocal sent
+        key, digest = key_of(obj), fingerprint(obj)
+        before = current.get(key)
+        if before is not None and memory.unchanged(obj, digest, before):
+            live[key] = before
+            return
+        after = await apply(client, obj)
+        sent += 1
+        memory.record(obj, digest, after)
+        live[key] = after
+        if before is None or before["metadata"].get("resourceVersion") != after["metadata"].get("resourceVersion"):
+            written.append(key)
+
+    for batch in _batches(objects):
+        await asyncio.gather(*(one(o) for o in batch))
+    wanted = {key_of(o) for o in objects}
+    doomed = [o for k, o in current.items() if k not in wanted and _controlled_by(o, owner.uid)]
+    await asyncio.gather(*(delete(client, o) for o in doomed))
+    memory.forget(owner.namespace, [key_of(o) for o in doomed])
+    skipped = len(objects) - sent
+    return SyncResult(written, sent, skipped, [key_of(o) for o in doomed], [live[key_of(o)] for o in objects])

@@ -1,0 +1,107 @@
+"""The kopf handlers: a few lines each, passing what kopf saw to the runtime.
+
+They live in their own registry (`registry`), which `main` hands to kopf, so importing this module never
+touches kopf's global one. No handler needs a finalizer: there is no deletion handler (owner references let
+the garbage collector delete the children) and no timer or daemon (status follows the workloads through
+their watch events instead). The workload watches are filtered on the server by label (`configure`), so the
+operator never receives a Deployment it does not manage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from epd_operator import _kube
+from epd_operator._runtime import Runtime
+from epd_operator.api import constants as c
+from epd_operator.api.resource import OperatorDefaults
+from epd_operator.metrics import Metrics
+
+registry = kopf.OperatorRegistry()
+
+WORKLOADS = ("deployments", "statefulsets", "daemonsets")
+"""apps/v1 kinds whose status the EPDDeployment status summarises."""
+
+CHILD_SELECTOR = f"{c.LABEL_MANAGED_BY}={c.MANAGED_BY},{c.LABEL_DEPLOYMENT}"
+"""Server-side label selector of the workload watches: ours, and belonging to some EPDDeployment."""
+
+_CHILD_LABELS: Mapping[str, Any] = {
+    c.LABEL_MANAGED_BY: c.MANAGED_BY,
+    c.LABEL_DEPLOYMENT: kopf.PRESENT,
+}
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    """Our kopf settings: state in annotations under our group, workload watches filtered by label."""
+    # The CRD's status schema has no room for kopf's own fields, so kopf keeps its state in annotations.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=c.GROUP, key="last-handled-configuration"
+    )
+    for plural in WORKLOADS:
+        settings.watching.label_selectors["apps", plural] = CHILD_SELECTOR
+    settings.posting.reporting_component = c.MANAGED_BY
+
+
+@kopf.on.login(registry=registry)
+def login(memo: Any, **kwargs: Any) -> Any:
+    """kopf connects as our own client does (same server, same identity; startup ran before this)."""
+    runtime: Runtime = memo.runtime
+    creds = runtime.client.credentials()
+    if creds.in_cluster:
+        return kopf.login_with_service_account(**kwargs)  # kopf re-reads the rotating token file itself
+    return kopf.ConnectionInfo(
+        server=creds.server,
+        ca_path=creds.ca_path,
+        insecure=creds.insecure,
+        certificate_path=creds.certificate_path,
+        private_key_path=creds.private_key_path,
+        scheme=creds.scheme,
+        token=creds.token,
+    )
+
+
+@kopf.on.startup(registry=registry)
+async def startup(memo: Any, **_: Any) -> None:
+    """Connect, and share one Runtime with every handler (kopf copies the memo's attributes per resource)."""
+    connection: _kube.Connection = memo.connection
+    defaults: OperatorDefaults = memo.defaults
+    metrics: Metrics = memo.metrics
+    memo.runtime = Runtime(await _kube.Client.connect(connection), defaults, metrics)
+
+
+@kopf.on.cleanup(registry=registry)
+async def cleanup(memo: Any, **_: Any) -> None:
+    runtime: Runtime | None = getattr(memo, "runtime", None)
+    if runtime is not None:
+        await runtime.client.close()
+
+
+@kopf.on.resume(c.GROUP, c.VERSION, c.PLURAL, registry=registry, id="reconcile-resume")
+@kopf.on.create(c.GROUP, c.VERSION, c.PLURAL, registry=registry, id="reconcile-create")
+@kopf.on.update(c.GROUP, c.VERSION, c.PLURAL, registry=registry, id="reconcile-update", field="spec")
+async def reconcile(body: Any, memo: Any, **_: Any) -> None:
+    """The spec is new, changed, or the operator (re)started: make the children match it."""
+    runtime: Runtime = memo.runtime
+    await runtime.reconcile(body)
+
+
+@kopf.on.event(c.GROUP, c.VERSION, c.PLURAL, registry=registry)
+async def deployment_event(event: Any, memo: Any, **_: Any) -> None:
+    """Forget a deleted EPDDeployment (its children go through garbage collection, not through us)."""
+    if event["type"] == "DELETED":
+        runtime: Runtime = memo.runtime
+        meta = event["object"]["metadata"]
+        runtime.forget(meta["namespace"], meta["name"])
+
+
+@kopf.on.event("apps", "v1", "deployments", labels=_CHILD_LABELS, registry=registry)
+@kopf.on.event("apps", "v1", "statefulsets", labels=_CHILD_LABELS, registry=registry)
+@kopf.on.event("apps", "v1", "daemonsets", labels=_CHILD_LABELS, registry=registry)
+async def workload_event(event: Any, resource: Any, body: Any, memo: Any, **_: Any) -> None:
+    """A workload's replica counts moved: the owner's status follows."""
+    runtime: Runtime = memo.runtime
+    await runtime.workload_event(event["type"], resource.kind, body)

@@ -1,0 +1,69 @@
+"""`epd-operator`: parse the settings, start the metrics server, run kopf with our handlers and settings.
+
+Peering is off unless a name is given (one replica needs no coordination, and peering needs kopf's peering
+CRDs); kopf serves the liveness endpoint; nothing here adds a finalizer (see handlers).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+import kopf
+
+from epd_operator import handlers
+from epd_operator.metrics import Metrics
+from epd_operator.settings import Settings, SettingsError, parse
+
+
+def kopf_settings(settings: Settings) -> kopf.OperatorSettings:
+    """kopf's OperatorSettings for ours."""
+    configured = kopf.OperatorSettings()
+    handlers.configure(configured)
+    configured.peering.standalone = settings.peering is None
+    configured.peering.clusterwide = settings.all_namespaces
+    if settings.peering is not None:
+        configured.peering.name = settings.peering
+    return configured
+
+
+def run(settings: Settings) -> None:
+    """Run until SIGTERM/SIGINT."""
+    kopf.configure(verbose=settings.verbose, debug=settings.debug)
+    if not (settings.verbose or settings.debug):
+        # kopf logs every handler success at INFO: one line per workload event. Keep its warnings and errors.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # liveness probes
+    metrics = Metrics()
+    if settings.metrics_port:
+        metrics.serve(settings.metrics_port, settings.metrics_host)
+    memo = kopf.Memo()
+    memo.connection = settings.connection
+    memo.defaults = settings.defaults
+    memo.metrics = metrics
+    kopf.run(
+        registry=handlers.registry,
+        settings=kopf_settings(settings),
+        standalone=settings.peering is None,
+        peering_name=settings.peering,
+        clusterwide=settings.all_namespaces,
+        namespaces=settings.namespaces,
+        liveness_endpoint=settings.liveness,
+        memo=memo,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        settings = parse(argv, os.environ)
+    except SettingsError as exc:
+        print(f"epd-operator: {exc}", file=sys.stderr)
+        return 2
+    run(settings)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

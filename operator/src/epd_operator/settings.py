@@ -1,0 +1,123 @@
+"""How one operator process is configured: command-line flags, each with an environment variable behind it.
+
+The Helm chart sets the environment; a developer types flags; a flag wins over its variable. Everything is
+parsed once into a frozen `Settings`, which `main` hands to kopf, the metrics server and the handlers.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from epd_operator._kube import Connection
+from epd_operator.api.resource import OperatorDefaults
+
+DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
+"""kopf's liveness endpoint: it answers once the operator has connected and while it keeps watching."""
+DEFAULT_METRICS_PORT = 9090
+"""Prometheus /metrics; 0 disables it."""
+
+ENV_PREFIX = "EPD_OPERATOR_"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One operator process."""
+
+    namespaces: tuple[str, ...] = ()
+    """Namespaces to watch (EPDDeployments and their workloads)."""
+    all_namespaces: bool = False
+    """Watch the whole cluster instead (needs cluster-wide RBAC)."""
+    peering: str | None = None
+    """kopf peering object name, for more than one replica (one handles, the rest stand by); None: standalone."""
+    liveness: str | None = DEFAULT_LIVENESS
+    """URL kopf serves its liveness probe on; None disables it."""
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int = DEFAULT_METRICS_PORT
+    defaults: OperatorDefaults = field(default_factory=OperatorDefaults)
+    """Images and the GPU resource name where a spec is silent."""
+    connection: Connection = field(default_factory=Connection)
+    """Where the API server is."""
+    verbose: bool = False
+    debug: bool = False
+
+
+class SettingsError(ValueError):
+    """Flags and environment do not make a runnable configuration."""
+
+
+def _env(environ: Mapping[str, str], name: str, default: str | None = None) -> str | None:
+    value = environ.get(ENV_PREFIX + name)
+    return value if value not in (None, "") else default
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="epd-operator",
+        description="Run the EPDDeployment operator. Every flag also reads EPD_OPERATOR_<FLAG> (e.g. "
+        "EPD_OPERATOR_NAMESPACES=a,b, EPD_OPERATOR_VLLM_IMAGE); a flag wins over its variable.",
+    )
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", action="append", default=[], help="watch this namespace (repeatable)")
+    scope.add_argument("-A", "--all-namespaces", action="store_true", default=None, help="watch every namespace")
+    p.add_argument("--peering", help="kopf peering name for several replicas (default: standalone, no peering)")
+    p.add_argument("--liveness", help=f"liveness endpoint URL, '' to disable (default {DEFAULT_LIVENESS})")
+    p.add_argument("--metrics-host", help="address of the metrics server (default 0.0.0.0)")
+    p.add_argument(
+        "--metrics-port", type=int, help=f"port of the metrics server, 0 to disable ({DEFAULT_METRICS_PORT})"
+    )
+    defaults = OperatorDefaults()
+    p.add_argument("--vllm-image", help=f"default encoder/prefill/decode image ({defaults.vllm_image})")
+    p.add_argument("--proxy-image", help=f"default proxy image ({defaults.proxy_image})")
+    p.add_argument("--mooncake-image", help=f"default master and store-client image ({defaults.mooncake_image})")
+    p.add_argument("--gpu-resource", help=f"extended resource name of a GPU ({defaults.gpu_resource})")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+    p.add_argument("--context", help="kubeconfig context (default: its current-context)")
+    p.add_argument("-v", "--verbose", action="store_true", default=None, help="log more")
+    p.add_argument("--debug", action="store_true", default=None, help="log every API call kopf makes")
+    return p
+
+
+def parse(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Settings:
+    """Settings from flags over environment; SettingsError when no watch scope is given."""
+    args = parser().parse_args(argv)
+    namespaces = tuple(args.namespace) or tuple(
+        ns.strip() for ns in (_env(environ, "NAMESPACES") or "").split(",") if ns.strip()
+    )
+    all_namespaces = bool(args.all_namespaces) if args.all_namespaces is not None else False
+    if not namespaces and not all_namespaces:
+        all_namespaces = _truthy(_env(environ, "ALL_NAMESPACES"))
+    if not namespaces and not all_namespaces:
+        raise SettingsError("give --namespace NS (repeatable) or --all-namespaces (or EPD_OPERATOR_NAMESPACES)")
+    if namespaces and all_namespaces:
+        raise SettingsError("give either namespaces or all namespaces, not both")
+    liveness = args.liveness if args.liveness is not None else _env(environ, "LIVENESS", DEFAULT_LIVENESS)
+    base = OperatorDefaults()
+    return Settings(
+        namespaces=namespaces,
+        all_namespaces=all_namespaces,
+        peering=args.peering or _env(environ, "PEERING"),
+        liveness=liveness or None,
+        metrics_host=args.metrics_host or _env(environ, "METRICS_HOST", "0.0.0.0") or "0.0.0.0",
+        metrics_port=(
+            args.metrics_port
+            if args.metrics_port is not None
+            else int(_env(environ, "METRICS_PORT", str(DEFAULT_METRICS_PORT)) or 0)
+        ),
+        defaults=OperatorDefaults(
+            vllm_image=args.vllm_image or _env(environ, "VLLM_IMAGE", base.vllm_image) or base.vllm_image,
+            proxy_image=args.proxy_image or _env(environ, "PROXY_IMAGE", base.proxy_image) or base.proxy_image,
+            mooncake_image=(
+                args.mooncake_image or _env(environ, "MOONCAKE_IMAGE", base.mooncake_image) or base.mooncake_image
+            ),
+            gpu_resource=args.gpu_resource or _env(environ, "GPU_RESOURCE", base.gpu_resource) or base.gpu_resource,
+        ),
+        connection=Connection(kubeconfig=args.kubeconfig or environ.get("KUBECONFIG"), context=args.context),
+        verbose=bool(args.verbose) or _truthy(_env(environ, "VERBOSE")),
+        debug=bool(args.debug) or _truthy(_env(environ, "DEBUG")),
+    )

@@ -1,0 +1,298 @@
+"""The EPDDeployment status, computed from what the children report, and its one write.
+
+Everything but `write` is pure: `observe` reads one workload's replica counts, `compute` turns the
+observations, the spec's validity and the derived values into the whole status (per-role counts, the
+"ready/desired" strings kubectl's columns show, conditions, phase). A condition keeps its lastTransitionTime
+unless its status flips, so recomputing an unchanged world gives an equal status, and the caller writes only
+when the result differs from what is already there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from epd_operator import _kube
+from epd_operator.api import constants as c
+from epd_operator.api.status import Condition, EPDDeploymentStatus, Phase, RoleStatus
+from epd_operator.render import Derived, RoleWorkload
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+STATUS_KEYS = {c.ROLE_STORE_CLIENT: "storeClients"}
+"""status.roles keys that differ from the role label (camelCase, as everywhere in the API)."""
+
+ROLE_CONDITIONS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    (c.COND_STORE_READY, (c.ROLE_MASTER, c.ROLE_STORE_CLIENT), "no spec.store: this deployment uses no store"),
+    (c.COND_ENCODERS_READY, (c.ROLE_ENCODER,), "no encoders"),
+    (c.COND_PREFILL_READY, (c.ROLE_PREFILL,), "no spec.prefill: decode runs combined prefill+decode (PD)"),
+    (c.COND_DECODE_READY, (c.ROLE_DECODE, c.ROLE_PD), "no decode"),
+    (c.COND_PROXY_READY, (c.ROLE_PROXY,), "no proxy"),
+)
+"""Each role condition, the roles it covers, and its message when the spec has none of them."""
+
+ROLES_READY_KEYS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (c.ROLE_ENCODER, (c.ROLE_ENCODER,)),
+    (c.ROLE_PREFILL, (c.ROLE_PREFILL,)),
+    (c.ROLE_DECODE, (c.ROLE_DECODE,)),
+    (c.ROLE_PD, (c.ROLE_PD,)),
+    ("store", (c.ROLE_MASTER, c.ROLE_STORE_CLIENT)),
+    (c.ROLE_PROXY, (c.ROLE_PROXY,)),
+)
+"""status.rolesReady keys (read by the CRD's printer columns) and the roles each one sums."""
+
+# Reasons, one CamelCase word each.
+REASON_VALID = "SpecValid"
+REASON_INVALID = "InvalidSpec"
+REASON_NOT_REQUIRED = "NotRequired"
+REASON_MISSING = "WorkloadMissing"
+REASON_ROLLING = "RollingOut"
+REASON_NOT_READY = "PodsNotReady"
+REASON_READY = "AllReplicasReady"
+REASON_ALL_READY = "AllRolesReady"
+REASON_ROLES_NOT_READY = "RolesNotReady"
+PROGRESS_REASONS = frozenset({REASON_MISSING, REASON_ROLLING})
+"""Reasons that mean "on its way", not "broken"."""
+
+
+def now() -> str:
+    """The current time as Kubernetes writes it (RFC 3339, seconds, UTC)."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class Observed:
+    """One workload as its controller reports it."""
+
+    workload: RoleWorkload
+    found: bool
+    """The object exists (and is not being deleted)."""
+    desired: int
+    ready: int
+    updated: int
+    """Replicas running the current pod template."""
+    current: int
+    """Pods that exist, old and new (more than desired while a rollout replaces them)."""
+    settled: bool
+    """The controller has acted on the latest spec (status.observedGeneration >= metadata.generation)."""
+
+    @property
+    def state(self) -> tuple[bool, str, str]:
+        """(ready, reason, message) of this workload."""
+        what = f"{self.workload.kind} {self.workload.name}"
+        if not self.found:
+            return False, REASON_MISSING, f"{what} does not exist yet"
+        if not self.settled or self.updated < self.desired or self.current > self.desired:
+            return False, REASON_ROLLING, f"{what}: {self.updated}/{self.desired} updated"
+        if self.ready < self.desired:
+            return False, REASON_NOT_READY, f"{what}: {self.ready}/{self.desired} ready"
+        return True, REASON_READY, f"{what}: {self.ready}/{self.desired} ready"
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) else 0
+
+
+def observe(workload: RoleWorkload, live: dict[str, Any] | None) -> Observed:
+    """Read the replica counts of a Deployment, StatefulSet or DaemonSet (None: not found)."""
+    if live is None or live.get("metadata", {}).get("deletionTimestamp"):
+        return Observed(workload, False, workload.replicas or 0, 0, 0, 0, False)
+    st: dict[str, Any] = live.get("status") or {}
+    settled = _int(st.get("observedGeneration")) >= _int(live["metadata"].get("generation"))
+    if workload.kind == "DaemonSet":
+        desired = _int(st.get("desiredNumberScheduled"))
+        return Observed(
+            workload,
+            True,
+            desired,
+            _int(st.get("numberReady")),
+            _int(st.get("updatedNumberScheduled")),
+            _int(st.get("currentNumberScheduled")),
+            settled,
+        )
+    spec_replicas = (live.get("spec") or {}).get("replicas", 1)
+    desired = workload.replicas if workload.replicas is not None else _int(spec_replicas)
+    return Observed(
+        workload,
+        True,
+        desired,
+        _int(st.get("readyReplicas")),
+        _int(st.get("updatedReplicas")),
+        _int(st.get("replicas")),
+        settled,
+    )
+
+
+@dataclass(frozen=True)
+class Facts:
+    """Everything `compute` needs."""
+
+    generation: int
+    """metadata.generation of the EPDDeployment."""
+    problems: Sequence[str]
+    """Why the current spec cannot be deployed; empty when it is valid."""
+    observed: Sequence[Observed] | None
+    """The workloads of the last valid render, observed; None when no spec was ever valid."""
+    derived: Derived | None
+    """Derived values of the last valid render."""
+    previous: EPDDeploymentStatus
+    """The status as it stands (for lastTransitionTime and the Degraded phase)."""
+    now: str
+
+
+def condition(
+    previous: EPDDeploymentStatus, kind: str, status: ConditionStatus, *, reason: str, message: str, facts: Facts
+) -> Condition:
+    """A condition; lastTransitionTime is the previous one's when the status did not flip."""
+    before = next((x for x in previous.conditions if x.type == kind), None)
+    since = before.last_transition_time if before is not None and before.status == status else facts.now
+    return Condition(
+        type=kind,
+        status=status,
+        reason=reason,
+        message=message,
+        observed_generation=facts.generation,
+        last_transition_time=since,
+    )
+
+
+def _sum(observed: Sequence[Observed], roles: Sequence[str]) -> RoleStatus | None:
+    mine = [o for o in observed if o.workload.role in roles]
+    if not mine:
+        return None
+    return RoleStatus(
+        desired=sum(o.desired for o in mine), ready=sum(o.ready for o in mine), updated=sum(o.updated for o in mine)
+    )
+
+
+def _role_condition(
+    facts: Facts, observed: Sequence[Observed] | None, kind: str, roles: Sequence[str], absent: str
+) -> Condition:
+    if observed is None:
+        return condition(
+            facts.previous, kind, "Unknown", reason=REASON_INVALID, message="no valid spec was applied yet", facts=facts
+        )
+    mine = [o for o in observed if o.workload.role in roles]
+    if not mine:
+        return condition(facts.previous, kind, "True", reason=REASON_NOT_REQUIRED, message=absent, facts=facts)
+    states = [o.state for o in mine]
+    failing = [s for s in states if not s[0]]
+    if not failing:
+        return condition(
+            facts.previous, kind, "True", reason=REASON_READY, message="; ".join(s[2] for s in states), facts=facts
+        )
+    # The most telling reason: a missing workload, then a rollout, then unready pods.
+    order = (REASON_MISSING, REASON_ROLLING, REASON_NOT_READY)
+    reason = min((s[1] for s in failing), key=order.index)
+    return condition(
+        facts.previous, kind, "False", reason=reason, message="; ".join(s[2] for s in failing), facts=facts
+    )
+
+
+def _phase(facts: Facts, conditions: Sequence[Condition], ready_total: int) -> Phase:
+    by_type = {x.type: x for x in conditions}
+    if by_type[c.COND_VALID].status != "True":
+        return "Invalid"
+    if by_type[c.COND_READY].status == "True":
+        return "Ready"
+    rolling = any(x.reason in PROGRESS_REASONS for x in conditions)
+    was_ready = facts.previous.phase in ("Ready", "Degraded") and facts.previous.observed_generation == facts.generation
+    if was_ready and not rolling:
+        return "Degraded"
+    return "Progressing" if ready_total > 0 or facts.previous.phase != "Pending" else "Pending"
+
+
+def compute(facts: Facts) -> EPDDeploymentStatus:
+    """The whole status from the facts (pure)."""
+    prev, observed = facts.previous, facts.observed
+    if facts.problems:
+        valid = condition(
+            prev, c.COND_VALID, "False", reason=REASON_INVALID, message="; ".join(facts.problems), facts=facts
+        )
+    else:
+        valid = condition(prev, c.COND_VALID, "True", reason=REASON_VALID, message="the spec is valid", facts=facts)
+    role_conditions = [_role_condition(facts, observed, kind, roles, absent) for kind, roles, absent in ROLE_CONDITIONS]
+    if facts.problems:
+        message = "fix the spec (see Valid); " + (
+            "the children still follow the last valid spec" if observed is not None else "nothing was created"
+        )
+        ready = condition(prev, c.COND_READY, "False", reason=REASON_INVALID, message=message, facts=facts)
+    elif all(x.status == "True" for x in role_conditions):
+        ready = condition(
+            prev, c.COND_READY, "True", reason=REASON_ALL_READY, message="every role is ready", facts=facts
+        )
+    else:
+        waiting = "; ".join(f"{x.type}: {x.message}" for x in role_conditions if x.status != "True")
+        ready = condition(prev, c.COND_READY, "False", reason=REASON_ROLES_NOT_READY, message=waiting, facts=facts)
+    conditions = [valid, *role_conditions, ready]
+
+    roles: dict[str, RoleStatus] = {}
+    roles_ready: dict[str, str] = {}
+    if observed is not None:
+        for role in dict.fromkeys(o.workload.role for o in observed):
+            summed = _sum(observed, (role,))
+            if summed is not None:
+                roles[STATUS_KEYS.get(role, role)] = summed
+        for key, covered in ROLES_READY_KEYS:
+            summed = _sum(observed, covered)
+            if summed is not None:
+                roles_ready[key] = f"{summed.ready}/{summed.desired}"
+    derived = facts.derived
+    ready_total = sum(r.ready for r in roles.values())
+    return EPDDeploymentStatus(
+        observed_generation=facts.generation,
+        phase=_phase(facts, conditions, ready_total),
+        endpoint=derived.endpoint if derived else prev.endpoint,
+        tenant_id=derived.tenant_id if derived else prev.tenant_id,
+        embedding_cache_prefix=derived.embedding_cache_prefix if derived else prev.embedding_cache_prefix,
+        kv_cache_prefix=derived.kv_cache_prefix if derived else prev.kv_cache_prefix,
+        store_tp_size=derived.store_tp_size if derived else prev.store_tp_size,
+        roles=roles,
+        roles_ready=roles_ready,
+        conditions=conditions,
+    )
+
+
+def flips(previous: EPDDeploymentStatus, current: EPDDeploymentStatus) -> list[Condition]:
+    """Conditions whose status changed (or appeared), for Events."""
+    before = {x.type: x.status for x in previous.conditions}
+    return [x for x in current.conditions if before.get(x.type) != x.status]
+
+
+def parse(raw: dict[str, Any] | None) -> EPDDeploymentStatus:
+    """The status as stored on the object; an empty one when absent or unreadable (we then rewrite it)."""
+    try:
+        return EPDDeploymentStatus.model_validate(raw or {})
+    except ValueError:
+        return EPDDeploymentStatus()
+
+
+def to_json(status: EPDDeploymentStatus) -> dict[str, Any]:
+    return status.model_dump(by_alias=True, mode="json")
+
+
+async def write(client: _kube.Requester, namespace: str, name: str, status: EPDDeploymentStatus) -> bool:
+    """Replace the whole status (one request to the status subresource); False when the object is gone.
+
+    A JSON patch `add /status` replaces it wholesale, so keys that disappeared (a role removed) do not linger
+    as they would under a merge patch.
+    """
+    path = _kube.collection_path(c.API_VERSION, c.PLURAL, namespace) + f"/{name}/status"
+    patch = [{"op": "add", "path": "/status", "value": to_json(status)}]
+    try:
+        await client.request("PATCH", path, body=patch, content_type=_kube.JSON_PATCH)
+    except _kube.NotFoundError:
+        return False
+    return True
+
+
+async def exists(client: _kube.Requester, namespace: str, name: str, uid: str) -> bool:
+    """Whether this very EPDDeployment (same uid) still exists and is not being deleted."""
+    path = _kube.collection_path(c.API_VERSION, c.PLURAL, namespace) + f"/{name}"
+    try:
+        meta = (await client.request("GET", path)).get("metadata", {})
+    except _kube.NotFoundError:
+        return False
+    return bool(meta.get("uid") == uid and not meta.get("deletionTimestamp"))

@@ -86,11 +86,10 @@ def parser() -> argparse.ArgumentParser:
 def parse(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Settings:
     """Settings from flags over environment; SettingsError when no watch scope is given."""
     args = parser().parse_args(argv)
-    namespaces = tuple(args.namespace) or tuple(
-        ns.strip() for ns in (_env(environ, "NAMESPACES") or "").split(",") if ns.strip()
-    )
-    all_namespaces = bool(args.all_namespaces) if args.all_namespaces is not None else False
-    if not namespaces and not all_namespaces:
+    if args.namespace or args.all_namespaces:  # a scope given by flags replaces the environment's
+        namespaces, all_namespaces = tuple(args.namespace), bool(args.all_namespaces)
+    else:
+        namespaces = tuple(ns.strip() for ns in (_env(environ, "NAMESPACES") or "").split(",") if ns.strip())
         all_namespaces = _truthy(_env(environ, "ALL_NAMESPACES"))
     if not namespaces and not all_namespaces:
         raise SettingsError("give --namespace NS (repeatable) or --all-namespaces (or EPD_OPERATOR_NAMESPACES)")

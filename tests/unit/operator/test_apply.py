@@ -1,0 +1,239 @@
+"""apply against an in-memory API server: server-side apply requests, skipping what is unchanged, pruning only
+our own children, the apply order, and error mapping."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from epd_operator import _kube, apply
+from epd_operator.api import constants as c
+from epd_operator.api.resource import Owner
+
+pytestmark = pytest.mark.unit
+
+OWNER = Owner("demo", "ns", "uid-1", 1)
+OTHER = Owner("demo", "ns", "uid-old", 1)
+
+
+class FakeApi:
+    """Just enough of the API server: SSA replaces the object (new resourceVersion only when content changes),
+    list by label selector, delete with a uid precondition. Every request is recorded."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.requests: list[tuple[str, str]] = []
+        self.rv = 100
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: object = None,
+        content_type: str = _kube.JSON,
+    ) -> dict[str, Any]:
+        self.requests.append((method, path))
+        if method == "PATCH":
+            assert content_type == _kube.APPLY_PATCH
+            assert query == {"fieldManager": c.FIELD_MANAGER, "force": "true"}
+            assert isinstance(body, dict)
+            return self._apply(path, body)
+        if method == "GET":
+            assert query is not None
+            wanted = dict(pair.split("=") for pair in query["labelSelector"].split(","))
+            items = [
+                copy.deepcopy(o)
+                for p, o in self.objects.items()
+                if p.rsplit("/", 1)[0] == path and wanted.items() <= o["metadata"].get("labels", {}).items()
+            ]
+            for item in items:  # a real list omits these
+                item.pop("kind"), item.pop("apiVersion")
+            return {"items": items}
+        if method == "DELETE":
+            assert isinstance(body, dict)
+            live = self.objects.get(path)
+            if live is None:
+                raise _kube.NotFoundError(method, path, 404, "NotFound", "")
+            if body.get("preconditions", {}).get("uid") not in (None, live["metadata"]["uid"]):
+                raise _kube.ConflictError(method, path, 409, "Conflict", "uid precondition")
+            del self.objects[path]
+            return {}
+        raise AssertionError(method)
+
+    def _apply(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        before = self.objects.get(path)
+        content = json.dumps(body, sort_keys=True)
+        if before is not None and before["_content"] == content:
+            return _public(before)
+        self.rv += 1
+        meta = {**body["metadata"], "resourceVersion": str(self.rv), "uid": f"uid-{path}"}
+        if body["kind"] in apply.WORKLOAD_KINDS:
+            meta["generation"] = (before["metadata"]["generation"] + 1) if before else 1
+        self.objects[path] = {**body, "metadata": meta, "_content": content}
+        return _public(self.objects[path])
+
+    def writes(self) -> list[tuple[str, str]]:
+        return [r for r in self.requests if r[0] != "GET"]
+
+
+def _public(obj: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in copy.deepcopy(obj).items() if k != "_content"}
+
+
+def obj(kind: str, name: str, owner: Owner = OWNER, **extra: Any) -> dict[str, Any]:
+    api_version = apply._BY_KIND[kind].api_version
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {
+            "name": name,
+            "namespace": owner.namespace,
+            "labels": {c.LABEL_DEPLOYMENT: owner.name, c.LABEL_MANAGED_BY: c.MANAGED_BY},
+            "ownerReferences": [owner.owner_reference()],
+        },
+        **extra,
+    }
+
+
+def desired(encoders: int = 1, prefill: bool = True) -> list[dict[str, Any]]:
+    objs = [obj("ConfigMap", "demo-encoder-bundle", data={"bundle.json": "{}"})]
+    objs += [obj("ConfigMap", "demo-prefill-bundle", data={"bundle.json": "{}"})] if prefill else []
+    objs += [obj("Service", "demo-encoder", spec={"clusterIP": "None"})]
+    objs += [obj("Deployment", "demo-encoder", spec={"replicas": encoders})]
+    objs += [obj("Deployment", "demo-prefill", spec={"replicas": 1})] if prefill else []
+    objs += [obj("Deployment", "demo-proxy", spec={"replicas": 1})]
+    return objs
+
+
+def sync(api: FakeApi, objects: list[dict[str, Any]], memory: apply.Applied, owner: Owner = OWNER) -> apply.SyncResult:
+    return asyncio.run(apply.sync(api, owner, objects, memory))
+
+
+def test_first_sync_applies_everything_with_our_field_manager() -> None:
+    api, memory = FakeApi(), apply.Applied()
+    result = sync(api, desired(), memory)
+    assert len(result.written) == 6 and result.sent == 6 and result.skipped == 0 and result.deleted == []
+    assert {r[0] for r in api.writes()} == {"PATCH"}
+    assert ("PATCH", "/apis/apps/v1/namespaces/ns/deployments/demo-encoder") in api.requests
+    assert [o["metadata"]["name"] for o in result.live] == [o["metadata"]["name"] for o in desired()]
+
+
+def test_second_sync_sends_nothing() -> None:
+    api, memory = FakeApi(), apply.Applied()
+    sync(api, desired(), memory)
+    api.requests.clear()
+    result = sync(api, desired(), memory)
+    assert api.writes() == []
+    assert (result.sent, result.skipped, result.changed) == (0, 6, False)
+
+
+def test_a_fresh_process_reapplies_once_and_the_server_writes_nothing() -> None:
+    api = FakeApi()
+    sync(api, desired(), apply.Applied())
+    before = {p: o["metadata"]["resourceVersion"] for p, o in api.objects.items()}
+    result = sync(api, desired(), apply.Applied())
+    assert result.sent == 6 and result.written == [] and not result.changed
+    assert {p: o["metadata"]["resourceVersion"] for p, o in api.objects.items()} == before
+
+
+def test_scaling_sends_only_the_changed_workload() -> None:
+    api, memory = FakeApi(), apply.Applied()
+    sync(api, desired(encoders=1), memory)
+    api.requests.clear()
+    result = sync(api, desired(encoders=3), memory)
+    assert api.writes() == [("PATCH", "/apis/apps/v1/namespaces/ns/deployments/demo-encoder")]
+    assert result.written == [("Deployment", "ns", "demo-encoder")]
+
+
+def test_drift_on_the_server_is_repaired() -> None:
+    api, memory = FakeApi(), apply.Applied()
+    sync(api, desired(), memory)
+    path = "/apis/apps/v1/namespaces/ns/deployments/demo-encoder"
+    api.objects[path]["metadata"]["generation"] += 1  # someone scaled it by hand
+    api.requests.clear()
+    sync(api, desired(), memory)
+    assert api.writes() == [("PATCH", path)]
+
+
+def test_removed_objects_are_pruned() -> None:
+    api, memory = FakeApi(), apply.Applied()
+    sync(api, desired(prefill=True), memory)
+    api.requests.clear()
+    result = sync(api, desired(prefill=False), memory)
+    assert sorted(result.deleted) == [("ConfigMap", "ns", "demo-prefill-bundle"), ("Deployment", "ns", "demo-prefill")]
+    assert sorted(p for m, p in api.writes()) == [
+        "/api/v1/namespaces/ns/configmaps/demo-prefill-bundle",
+        "/apis/apps/v1/namespaces/ns/deployments/demo-prefill",
+    ]
+    assert not any(p.endswith("demo-prefill") for p in api.objects)
+
+
+def test_objects_of_another_owner_are_never_pruned() -> None:
+    api = FakeApi()
+    sync(api, [obj("ConfigMap", "stray", owner=OTHER)], apply.Applied(), owner=OTHER)
+    result = sync(api, desired(), apply.Applied())
+    assert result.deleted == []
+    assert "/api/v1/namespaces/ns/configmaps/stray" in api.objects
+
+
+def test_workloads_follow_the_objects_they_use_in_order() -> None:
+    batches = apply._batches(desired())
+    assert [[o["kind"] for o in b] for b in batches] == [
+        ["ConfigMap", "ConfigMap", "Service"],
+        ["Deployment"],
+        ["Deployment"],
+        ["Deployment"],
+    ]
+    api = FakeApi()
+    sync(api, desired(), apply.Applied())
+    names = [p.rsplit("/", 1)[1] for m, p in api.requests if m == "PATCH" and "/deployments/" in p]
+    assert names == ["demo-encoder", "demo-prefill", "demo-proxy"]
+
+
+def test_an_unmanaged_kind_is_refused_before_any_write() -> None:
+    api = FakeApi()
+    odd = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "x", "namespace": "ns"}}
+    with pytest.raises(apply.UnmanagedKindError, match="MANAGED_KINDS"):
+        sync(api, [*desired(), odd], apply.Applied())
+    assert api.requests == []
+
+
+def test_selector_names_the_deployment_and_the_manager() -> None:
+    assert apply.selector("demo") == "epd.serving.io/deployment=demo,app.kubernetes.io/managed-by=epd-operator"
+
+
+@pytest.mark.parametrize(
+    ("status", "error", "retryable"),
+    [
+        (404, _kube.NotFoundError, False),
+        (409, _kube.ConflictError, True),
+        (422, _kube.InvalidError, False),
+        (400, _kube.InvalidError, False),
+        (403, _kube.ForbiddenError, True),
+        (429, _kube.UnavailableError, True),
+        (503, _kube.UnavailableError, True),
+        (0, _kube.UnavailableError, True),
+        (418, _kube.KubeError, False),
+    ],
+)
+def test_http_statuses_become_our_errors(status: int, error: type[_kube.KubeError], retryable: bool) -> None:
+    found = _kube._error_type(status)
+    assert found is error
+    assert found("GET", "/x", status, "Reason", "msg").retryable is retryable
+
+
+def test_collection_paths() -> None:
+    assert _kube.collection_path("v1", "configmaps", "ns") == "/api/v1/namespaces/ns/configmaps"
+    assert _kube.collection_path("policy/v1", "poddisruptionbudgets", "ns") == (
+        "/apis/policy/v1/namespaces/ns/poddisruptionbudgets"
+    )
+    assert _kube.collection_path("epd.serving.io/v1alpha1", "epddeployments", None) == (
+        "/apis/epd.serving.io/v1alpha1/epddeployments"
+    )

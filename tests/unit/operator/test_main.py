@@ -1,0 +1,109 @@
+"""The entry point's settings (flags over environment), kopf's configuration, the handler registry (nothing that
+needs a finalizer), and the metrics' bookkeeping."""
+
+from __future__ import annotations
+
+import kopf
+import pytest
+from prometheus_client import CollectorRegistry
+
+from epd_operator import handlers, main, settings
+from epd_operator.api.resource import OperatorDefaults
+from epd_operator.metrics import Metrics
+
+pytestmark = pytest.mark.unit
+
+
+def parse(*argv: str, **env: str) -> settings.Settings:
+    return settings.parse(list(argv), env)
+
+
+def test_namespaces_are_repeatable_and_peering_is_off_by_default() -> None:
+    s = parse("-n", "a", "--namespace", "b")
+    assert s.namespaces == ("a", "b") and not s.all_namespaces
+    assert s.peering is None
+    assert s.liveness == settings.DEFAULT_LIVENESS
+    assert s.metrics_port == settings.DEFAULT_METRICS_PORT
+    assert s.defaults == OperatorDefaults()
+
+
+def test_environment_fills_what_flags_leave_out_and_flags_win() -> None:
+    env = {
+        "EPD_OPERATOR_NAMESPACES": "x, y",
+        "EPD_OPERATOR_VLLM_IMAGE": "reg/vllm:env",
+        "EPD_OPERATOR_PROXY_IMAGE": "reg/proxy:env",
+        "EPD_OPERATOR_METRICS_PORT": "9999",
+        "EPD_OPERATOR_PEERING": "epd",
+        "KUBECONFIG": "/k",
+    }
+    s = parse("--proxy-image", "reg/proxy:flag", **env)
+    assert s.namespaces == ("x", "y")
+    assert s.defaults.vllm_image == "reg/vllm:env"
+    assert s.defaults.proxy_image == "reg/proxy:flag"
+    assert s.defaults.mooncake_image == OperatorDefaults().mooncake_image
+    assert (s.metrics_port, s.peering, s.connection.kubeconfig) == (9999, "epd", "/k")
+    assert parse("-n", "z", **env).namespaces == ("z",)
+
+
+def test_all_namespaces_and_disabled_endpoints() -> None:
+    s = parse("-A", "--liveness", "", "--metrics-port", "0")
+    assert s.all_namespaces and s.namespaces == ()
+    assert s.liveness is None and s.metrics_port == 0
+    assert parse(EPD_OPERATOR_ALL_NAMESPACES="true").all_namespaces
+
+
+def test_a_scope_is_required() -> None:
+    with pytest.raises(settings.SettingsError, match="--namespace NS"):
+        parse()
+    with pytest.raises(settings.SettingsError, match="not both"):
+        parse(EPD_OPERATOR_NAMESPACES="a", EPD_OPERATOR_ALL_NAMESPACES="1")
+    assert parse("-A", EPD_OPERATOR_NAMESPACES="a").namespaces == ()  # flags replace the environment's scope
+    with pytest.raises(SystemExit):
+        parse("-n", "a", "-A")
+
+
+def test_main_exits_2_without_a_scope(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main.main([]) == 2
+    assert "--all-namespaces" in capsys.readouterr().err
+
+
+def test_kopf_settings() -> None:
+    standalone = main.kopf_settings(parse("-n", "a"))
+    assert standalone.peering.standalone
+    peered = main.kopf_settings(parse("-A", "--peering", "epd-peers"))
+    assert not peered.peering.standalone and peered.peering.clusterwide and peered.peering.name == "epd-peers"
+    selectors = list(standalone.watching.label_selectors.values())
+    assert selectors == [handlers.CHILD_SELECTOR] * 3
+    assert "app.kubernetes.io/managed-by=epd-operator" in handlers.CHILD_SELECTOR
+
+
+def test_no_handler_needs_a_finalizer() -> None:
+    # Deletion handlers, daemons and timers make kopf add a finalizer; owner references do our cleanup.
+    changing = handlers.registry._changing.get_all_handlers()
+    assert {h.reason for h in changing if h.reason is not None} <= {kopf.Reason.CREATE, kopf.Reason.UPDATE}
+    assert not any(h.requires_finalizer for h in changing)
+    assert handlers.registry._spawning.get_all_handlers() == []
+
+
+def test_metrics_sum_over_deployments() -> None:
+    m = Metrics(CollectorRegistry())
+
+    def value(name: str, **labels: str) -> float | None:
+        return m.registry.get_sample_value(name, labels)
+
+    m.set_objects(("ns", "a"), {"Deployment": 3, "ConfigMap": 3})
+    m.set_objects(("ns", "b"), {"Deployment": 2, "StatefulSet": 1})
+    assert value("epd_operator_managed_objects", kind="Deployment") == 5
+    m.forget(("ns", "b"))
+    assert value("epd_operator_managed_objects", kind="Deployment") == 3
+    assert value("epd_operator_managed_objects", kind="StatefulSet") == 0
+    m.set_phase(("ns", "a"), "Ready")
+    m.set_phase(("ns", "c"), "Invalid")
+    assert value("epd_operator_deployments", phase="Ready") == 1
+    assert value("epd_operator_deployments", phase="Pending") == 0
+    m.forget(("ns", "c"))
+    assert value("epd_operator_deployments", phase="Invalid") == 0
+    m.reconciles.labels("changed").inc()
+    m.duration.observe(0.02)
+    assert value("epd_operator_reconciles_total", outcome="changed") == 1
+    assert value("epd_operator_reconcile_duration_seconds_count") == 1

@@ -30,25 +30,52 @@ def problems_of(spec: dict[str, Any], owner: Owner = OWNER) -> list[str]:
     return caught.value.problems
 
 
-def test_extra_args_may_not_override_an_owned_vllm_flag() -> None:
+@pytest.mark.parametrize(
+    ("arg", "flag", "fix"),
+    [
+        ("--port=9000", "--port", "Services and probes"),
+        ("--served_model_name", "--served-model-name", "spec.model.servedModelName"),
+        ("-tp", "-tp", "spec.encoder.tensorParallelSize"),
+        ("--block-size", "--block-size", "spec.model.blockSize"),
+        ("--max-num-batched", "--max-num-batched-tokens", "spec.encoder.maxNumBatchedTokens"),
+        ("--mm-processor-kwargs.max_pixels", "--mm-processor-kwargs", "spec.model.mmProcessorKwargs"),
+        ("--config", "--config", "extraArgs themselves"),
+    ],
+)
+def test_extra_args_may_not_set_a_rendered_vllm_flag(arg: str, flag: str, fix: str) -> None:
     spec = example("e-pd-shared-storage")
-    spec["encoder"]["extraArgs"] = ["--port=9000"]
+    spec["encoder"]["extraArgs"] = [arg, "1"]
     [problem] = problems_of(spec)
-    assert problem.startswith("spec.encoder.extraArgs: ") and "--port" in problem and "Fix:" in problem
+    assert problem.startswith(f"spec.encoder.extraArgs = {arg!r}: sets {flag}, ")
+    assert fix in problem.split("Fix: ", 1)[1]
 
 
-def test_an_abbreviated_owned_flag_on_a_prefill_pool_names_the_prefill_field() -> None:
+def test_an_owned_flag_of_the_prefill_pools_is_reported_once_at_the_prefill_field() -> None:
     spec = example("e-p-d-store-offload")
     spec["prefill"]["extraArgs"] = ["--kv-transfer", "{}"]
-    problems = problems_of(spec)
-    assert problems and all(p.startswith("spec.prefill") and ".extraArgs: " in p for p in problems)
-
-
-def test_processor_kwargs_belong_to_the_model_field() -> None:
-    spec = example("e-pd-mooncake-cross-encoder")
-    spec["decode"]["extraArgs"] = ["--mm-processor-kwargs", "{}"]
     [problem] = problems_of(spec)
-    assert problem.startswith("spec.decode.extraArgs = ") and "spec.model.mmProcessorKwargs" in problem
+    assert problem.startswith("spec.prefill.extraArgs = '--kv-transfer': sets --kv-transfer-config")
+    assert "spec.prefill.kv.connector" in problem
+
+
+def test_unowned_extra_args_pass_through_after_the_rendered_flags() -> None:
+    spec = example("e-pd-shared-storage")
+    spec["decode"] = {"extraArgs": ["--max-model-len", "8192", "--port-offset-is-not-a-flag"]}
+    desired = render_desired(OWNER, parse_spec(spec), OperatorDefaults())
+    pd = next(o for o in desired.objects if o["metadata"]["name"] == "demo-pd-bundle")
+    assert parse_bundle(pd["data"]["bundle.json"]).vllm.extra_args[-3:] == (  # type: ignore[union-attr]
+        "--max-model-len",
+        "8192",
+        "--port-offset-is-not-a-flag",
+    )
+
+
+def test_the_library_rule_is_the_backstop_and_names_the_spec_field() -> None:
+    assert validate.locate("spec.decode", "extra_args: extra_args = '--x': would override") == (
+        "spec.decode.extraArgs: extra_args: extra_args = '--x': would override"
+    )
+    assert validate.locate("spec.decode", "env.PYTHONHASHSEED = '0': owned").startswith("spec.decode.env: ")
+    assert validate.locate("spec.decode", "vllm.port = 1: bad").startswith("spec.decode: ")
 
 
 def test_env_may_not_set_a_launcher_owned_variable() -> None:

@@ -95,6 +95,9 @@ class ModelSpec(ApiModel):
     mm_processor_kwargs: dict[str, Annotated[str | int | float | bool, _ANY_SCALAR]] = {}
     """vLLM --mm-processor-kwargs (e.g. max_pixels). They change encoder output, so they are part of the
     embedding cache identity."""
+    block_size: int | None = Field(default=None, ge=1)
+    """KV cache block size in tokens (vLLM --block-size) of every prefill, decode and PD instance; one value for
+    all, since KV moves between them in blocks. vLLM's default when unset (the CPU build needs 32)."""
 
 
 class Images(ApiModel):
@@ -275,6 +278,11 @@ class _RoleCommon(ApiModel):
     """Container resources; the GPU count is set from the tensor parallel size."""
     extra_args: list[str] = []
     """Further vLLM arguments (may not set a flag the operator owns)."""
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    """vLLM --max-num-batched-tokens (the scheduler's token budget per step); vLLM's default when unset,
+    effectively unlimited on encoders."""
+    enforce_eager: bool | None = None
+    """vLLM --enforce-eager (no CUDA graphs); vLLM's default when unset. Encoders always run eager."""
     env: dict[str, str] = {}
     """Extra environment variables."""
     node_selector: dict[str, str] = {}

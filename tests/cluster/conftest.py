@@ -1,8 +1,9 @@
 """Fixtures of the cluster tier: a real local control plane, started once per session and only when needed.
 
-The cluster lives in its own state folder (.run/test-cluster), apart from the developer's `make cluster-up`
-one, so both can run at once. Session fixtures are created lazily, so a run that selects no test asking for
-the cluster never starts it. Each test gets its own namespace, deleted afterwards.
+The cluster lives in its own state folder (.run/test-cluster, or .run/test-cluster-N while another session
+holds that one), apart from the developer's `make cluster-up` one, so they all run at once. Session fixtures
+are created lazily, so a run that selects no test asking for the cluster never starts it. Each test gets its
+own namespace, deleted afterwards.
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ def test_cluster() -> Iterator[cluster.Cluster]:
     # Fail, not skip, when the binaries are missing: a silently skipped tier looks like a passing one.
     for name in ("kube-apiserver", "kwok", "kubectl", "helm"):
         layout.binary(name)
-    local = cluster.Cluster(layout.repo_root() / layout.TEST_CLUSTER_DIR)
-    local.up()
-    try:
-        yield local
-    finally:
-        local.down()
+    state_dir, claim = layout.claim_state_dir(layout.repo_root() / layout.TEST_CLUSTER_DIR)
+    with claim:
+        local = cluster.Cluster(state_dir)
+        local.up()
+        try:
+            yield local
+        finally:
+            local.down()
 
 
 @pytest.fixture(scope="session")

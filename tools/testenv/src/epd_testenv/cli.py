@@ -10,7 +10,7 @@ import argparse
 import pathlib
 import sys
 
-from epd_testenv import cluster, layout
+from epd_testenv import cluster, components, layout
 
 
 def usage_hint(kubeconfig: pathlib.Path) -> str:
@@ -36,8 +36,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--timeout", type=float, default=cluster.DEFAULT_READY_TIMEOUT_S, help="bring-up deadline in seconds"
     )
+    parser.add_argument(
+        "--pod-cidr",
+        default=components.Network.pod_cidr,
+        help="pod IP range (default loopback; see epd_testenv.components.Network)",
+    )
     args = parser.parse_args(argv)
-    local = cluster.Cluster(_state_dir(args.state_dir), cluster.Settings(ready_timeout_s=args.timeout))
+    settings = cluster.Settings(network=components.Network(pod_cidr=args.pod_cidr), ready_timeout_s=args.timeout)
+    local = cluster.Cluster(_state_dir(args.state_dir), settings)
 
     if args.command == "up":
         try:

@@ -36,12 +36,18 @@ class Ports:
 
 @dataclass(frozen=True)
 class Network:
-    """Address ranges handed out to simulated objects. Nothing ever listens on them."""
+    """Address ranges handed out to simulated objects: loopback, so a stray connection stays on this machine.
+
+    Nothing listens on these addresses and nothing may connect to them. One consequence: the apiserver refuses
+    loopback addresses in EndpointSlices, so a Service selecting simulated pods gets no EndpointSlice (the
+    controller-manager records FailedToUpdateEndpointSlices events). A test that needs EndpointSlices can use
+    a pod range outside loopback that is never routed, such as 198.18.0.0/16 (RFC 2544 benchmarking).
+    """
 
     pod_cidr: str = "127.64.0.0/16"
-    """kwok's pod IPs: loopback, so a stray connection to a simulated pod never leaves the machine."""
-    service_cidr: str = "10.96.0.0/16"
-    """ClusterIPs. The apiserver rejects a loopback range here; tests never connect to ClusterIPs."""
+    """kwok's pod IPs (65k addresses: room for every pod the nodes can hold)."""
+    service_cidr: str = "127.96.0.0/16"
+    """ClusterIPs; the apiserver accepts a loopback range here."""
 
 
 @dataclass(frozen=True)

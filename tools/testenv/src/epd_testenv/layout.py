@@ -6,9 +6,11 @@ versions tests expect come from the same go.mod files the build script builds fr
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pathlib
 from dataclasses import dataclass
+from typing import IO
 
 BIN_DIR_ENV = "EPD_K8S_BIN_DIR"
 """Overrides where the pinned binaries are looked for (default: `<repo>/.cache/bin`)."""
@@ -18,6 +20,30 @@ DEFAULT_CLUSTER_DIR = pathlib.Path(".run/cluster")
 
 TEST_CLUSTER_DIR = pathlib.Path(".run/test-cluster")
 """State of the cluster the test session starts, so a test run and a demo cluster can coexist."""
+
+
+SESSION_LOCK = ".session.lock"
+MAX_PARALLEL_SESSIONS = 8
+
+
+def claim_state_dir(base: pathlib.Path) -> tuple[pathlib.Path, IO[str]]:
+    """A state folder no other live session holds: `base`, else `base-2`, `base-3`, ...
+
+    Several people (or CI jobs) share one working tree here, and `up` restarts whatever cluster its folder
+    holds, so each test session claims a folder with a lock held for its whole life. The lock goes with the
+    process, so a crashed session never blocks the next. Keep the returned handle open while the cluster runs.
+    """
+    for n in range(1, MAX_PARALLEL_SESSIONS + 1):
+        candidate = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        candidate.mkdir(parents=True, exist_ok=True)
+        handle = (candidate / SESSION_LOCK).open("w")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        return candidate, handle
+    raise RuntimeError(f"{MAX_PARALLEL_SESSIONS} test sessions already hold {base} and its siblings")
 
 
 def repo_root() -> pathlib.Path:

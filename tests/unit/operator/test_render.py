@@ -305,3 +305,20 @@ def test_embedded_store_has_no_clients_and_an_embedded_pool() -> None:
 
 def test_rendering_is_deterministic() -> None:
     assert render(example(OFFLOAD)) == render(example(OFFLOAD))
+
+
+def test_serving_knobs_reach_their_roles() -> None:
+    spec = example(OFFLOAD)
+    spec["model"]["blockSize"] = 32
+    spec["prefill"]["maxNumBatchedTokens"] = 16384
+    spec["decode"]["enforceEager"] = True
+    found = bundles(render(spec))
+    servers = {name: b.vllm for name, b in found.items() if b.vllm is not None}
+    assert {n: s.block_size for n, s in servers.items()} == {
+        "demo-encoder": None,
+        "demo-prefill": 32,
+        "demo-prefill-tp2": 32,
+        "demo-decode": 32,
+    }
+    assert servers["demo-prefill-tp2"].max_num_batched_tokens == 16384
+    assert servers["demo-decode"].enforce_eager is True and servers["demo-prefill"].enforce_eager is None

@@ -175,3 +175,17 @@ def test_master_ports_may_not_collide() -> None:
     spec["store"]["master"] = {"metricsPort": 50051}
     [problem] = problems_of(spec)
     assert problem.startswith("spec.store.master ports = 50051")
+
+
+def test_offload_needs_standalone_store_clients() -> None:
+    spec = example("e-p-d-store-offload")
+    spec["store"]["mode"] = "embedded"
+    [problem] = problems_of(spec)
+    assert problem.startswith("spec.store.clients.offload.enabled = True: embedded mode")
+
+
+def test_a_quota_needs_isolation() -> None:
+    spec = example("e-pd-mooncake-cross-encoder")
+    spec["store"]["tenant"]["isolation"] = False
+    [problem] = problems_of(spec)
+    assert problem.startswith("spec.store.tenant.quota = ")

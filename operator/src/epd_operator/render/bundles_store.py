@@ -34,15 +34,6 @@ def master_config(ctx: Context) -> MasterConfig:
     """The master's flags from spec.store.master; isolation adds the tenant's quota policy."""
     store = _store(ctx)
     master = store.master
-    if master.ha is not None:
-        # MasterConfig needs the pod's own IP as rpc_address under HA, and epd-launch does not substitute
-        # POD_IP for it yet; a master advertising 0.0.0.0 would strand every client after a failover.
-        raise InvalidSpecError(
-            [
-                "spec.store.master.ha = set: HA masters need their pod IP as rpc_address, which epd-launch "
-                "cannot fill in yet. Fix: remove spec.store.master.ha (a single master restarts in seconds)"
-            ]
-        )
     policy = None
     if store.tenant.isolation:
         quota = store.tenant.quota or UNBOUNDED_QUOTA

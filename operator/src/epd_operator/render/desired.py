@@ -17,9 +17,7 @@ from epd_connectors.config.mooncake import MooncakeStoreConfig
 from epd_operator.api import constants as c
 from epd_operator.api.resource import InvalidSpecError, OperatorDefaults, Owner
 from epd_operator.api.spec import EPDDeploymentSpec
-from epd_operator.derive import names as naming
-from epd_operator.derive import ports
-from epd_operator.render import bundles_store, bundles_vllm, lm, objects, proxy, store, validate
+from epd_operator.render import bundles_store, bundles_vllm, lm, objects, proxy, rules, store, validate
 from epd_operator.render.context import Context, Unit, build_context, units
 
 
@@ -63,7 +61,7 @@ def render_desired(owner: Owner, spec: EPDDeploymentSpec, defaults: OperatorDefa
     the spec cannot be deployed."""
     ctx = build_context(owner, spec, defaults)
     all_units = units(ctx)
-    problems = _spec_problems(ctx, all_units)
+    problems = rules.spec_problems(ctx, all_units)
     if problems:
         raise InvalidSpecError(problems)
     bundles = _bundles(ctx, all_units)
@@ -93,34 +91,6 @@ def render_desired(owner: Owner, spec: EPDDeploymentSpec, defaults: OperatorDefa
             for u, w in zip(all_units, workloads, strict=True)
         ],
     )
-
-
-def _spec_problems(ctx: Context, all_units: list[Unit]) -> list[str]:
-    """What the spec models cannot check alone: object names, pool names, ports inside a pod, and the
-    vLLM rules whose library message would not name the spec field."""
-    spec = ctx.spec
-    found = naming.name_problems(
-        ctx.names,
-        [u.name for u in all_units],
-        [u.name for u in all_units if u.role == c.ROLE_STORE_CLIENT and u.replicas is not None],
-    )
-    if spec.prefill is not None:
-        seen = {naming.MAIN_POOL}
-        for i, pool in enumerate(spec.prefill.additional_pools):
-            if pool.name in seen:
-                found.append(
-                    f"spec.prefill.additionalPools[{i}].name = {pool.name!r}: already used (the main pool is "
-                    f"{naming.MAIN_POOL!r}). Fix: give every pool its own name"
-                )
-            seen.add(pool.name)
-    if spec.store is not None:
-        found += ports.collisions(ports.master_ports(spec.store.master), "spec.store.master ports")
-        if spec.store.mode == "standalone":
-            found += ports.collisions(ports.store_client_ports(spec.store.clients), "spec.store.clients.port")
-    for unit in all_units:
-        if unit.role in (c.ROLE_ENCODER, c.ROLE_PREFILL, c.ROLE_DECODE, c.ROLE_PD):
-            found += bundles_vllm.precheck(ctx, unit)
-    return list(dict.fromkeys(found))  # prefill pools share the main pool's extraArgs: report once
 
 
 def _bundles(ctx: Context, all_units: list[Unit]) -> dict[str, RoleBundle]:

@@ -1,0 +1,143 @@
+"""Rules only the whole spec can decide, checked before any bundle is built, each naming the spec field.
+
+The API models check each field and the cross-field rules CEL can express; these need the derived names, the
+prefill pools together, the ports of a pod, or what the operator renders into vLLM's argv.
+"""
+
+from __future__ import annotations
+
+from epd_connectors.config.vllm import OWNED_FLAGS
+from epd_operator.api import constants as c
+from epd_operator.api.spec import StoreSpec
+from epd_operator.derive import names as naming
+from epd_operator.derive import ports
+from epd_operator.render import bundles_vllm
+from epd_operator.render.context import Context, Unit
+
+_VLLM_ROLES = (c.ROLE_ENCODER, c.ROLE_PREFILL, c.ROLE_DECODE, c.ROLE_PD)
+
+
+def spec_problems(ctx: Context, units: list[Unit]) -> list[str]:
+    """Every problem, one line each; empty when render may proceed."""
+    found = naming.name_problems(
+        ctx.names,
+        [u.name for u in units],
+        [u.name for u in units if u.role == c.ROLE_STORE_CLIENT and u.replicas is not None],
+    )
+    found += _pool_problems(ctx)
+    if ctx.spec.store is not None:
+        found += _store_problems(ctx.spec.store)
+    for unit in units:
+        if unit.role in _VLLM_ROLES:
+            found += _vllm_problems(ctx, unit)
+    return list(dict.fromkeys(found))  # prefill pools share the main pool's extraArgs: report once
+
+
+def _pool_problems(ctx: Context) -> list[str]:
+    if ctx.spec.prefill is None:
+        return []
+    found: list[str] = []
+    seen = {naming.MAIN_POOL}
+    for i, pool in enumerate(ctx.spec.prefill.additional_pools):
+        if pool.name in seen:
+            found.append(
+                f"spec.prefill.additionalPools[{i}].name = {pool.name!r}: already used (the main pool is "
+                f"{naming.MAIN_POOL!r}). Fix: give every pool its own name"
+            )
+        seen.add(pool.name)
+    return found
+
+
+def _store_problems(store: StoreSpec) -> list[str]:
+    found = ports.collisions(ports.master_ports(store.master), "spec.store.master ports")
+    if store.master.ha is not None:
+        # MasterConfig needs the pod's own IP as rpc_address under HA, and epd-launch does not substitute
+        # POD_IP for it yet; a master advertising a wrong address would strand every client after a failover.
+        found.append(
+            "spec.store.master.ha = set: HA masters need their pod IP as rpc_address, which epd-launch cannot fill "
+            "in yet. Fix: remove spec.store.master.ha (a single master restarts in seconds)"
+        )
+    if store.mode == "standalone":
+        found += ports.collisions(ports.store_client_ports(store.clients), "spec.store.clients.port")
+    elif store.clients.offload.enabled:
+        found.append(
+            "spec.store.clients.offload.enabled = True: embedded mode has no store clients to hold an SSD tier. "
+            "Fix: use mode standalone, or disable offload"
+        )
+    if store.tenant.quota is not None and not store.tenant.isolation:
+        found.append(
+            f"spec.store.tenant.quota = {store.tenant.quota}: a quota is enforced only with isolation. "
+            "Fix: set spec.store.tenant.isolation true, or remove the quota"
+        )
+    return found
+
+
+# Every flag the operator renders (the connector library's OWNED_FLAGS plus --mm-processor-kwargs), with
+# where the user sets what it controls instead; {path} is the role's spec section.
+_BY_FIELD = {
+    "model": "the weights come from spec.model.source and spec.model.path",
+    "served_model_name": "set spec.model.servedModelName",
+    "host": "the operator wires the listener into Services and probes",
+    "port": "the operator wires the listener into Services and probes",
+    "dtype": "set spec.model.dtype",
+    "tensor_parallel_size": "set {path}.tensorParallelSize",
+    "pipeline_parallel_size": "each pod is one pipeline and data-parallel rank; scale with replicas",
+    "data_parallel_size": "each pod is one pipeline and data-parallel rank; scale with replicas",
+    "block_size": "set spec.model.blockSize",
+    "max_num_batched_tokens": "set {path}.maxNumBatchedTokens",
+    "mm_processor_cache_gb": "set spec.model.mmProcessorCacheGB",
+    "mm_encoder_only": "encoders always run encoder-only, other roles never",
+    "enable_lora": "LoRA is not supported by the disaggregated connectors",
+    "enforce_eager": "set {path}.enforceEager",
+    "enable_prefix_caching": "the operator decides prefix caching per role",
+    "prefix_caching_hash_algo": "the operator decides the block hash (one PYTHONHASHSEED per deployment)",
+    "ec_transfer_config": "choose spec.encoder.connector",
+    "kv_transfer_config": "choose spec.prefill.kv.connector or spec.decode.kv",
+    "extra_args": "list the arguments in extraArgs themselves",
+}
+_OWNED_BY = {flag: _BY_FIELD[field] for flag, field in OWNED_FLAGS.items()}
+_OWNED_BY[bundles_vllm.MM_PROCESSOR_KWARGS_FLAG] = (
+    "set spec.model.mmProcessorKwargs (part of the embedding cache identity)"
+)
+
+
+def owned_flag(arg: str) -> str | None:
+    """The rendered flag an extra argument would set, read as vLLM's argparse reads it: '_' as '-', the
+    '--flag=value' and '--json-flag.key' forms, and unambiguous prefixes (allow_abbrev)."""
+    if not arg.startswith("-") or arg in ("-", "--"):
+        return None
+    if not arg.startswith("--"):  # short forms (-tp) are matched exactly, as argparse does
+        short = arg.split("=", 1)[0]
+        return short if short in _OWNED_BY else None
+    name = "--" + arg[2:].split("=", 1)[0].split(".", 1)[0].replace("_", "-")
+    if name in _OWNED_BY:
+        return name
+    matches = [flag for flag in _OWNED_BY if flag.startswith(name)]
+    return matches[0] if len(name) > 2 and matches else None
+
+
+def _vllm_problems(ctx: Context, unit: Unit) -> list[str]:
+    """Rules whose connector-library message would not name the spec field to change."""
+    found: list[str] = []
+    section = bundles_vllm.role_spec(ctx, unit)
+    base_path = "spec.prefill" if unit.role == c.ROLE_PREFILL else unit.spec_path
+    for arg in section.extra_args:
+        flag = owned_flag(arg)
+        if flag is not None:
+            found.append(
+                f"{base_path}.extraArgs = {arg!r}: sets {flag}, which the operator renders. "
+                f"Fix: remove it; {_OWNED_BY[flag].format(path=base_path)}"
+            )
+    if unit.role == c.ROLE_DECODE and ctx.store_tp and ctx.store_tp % unit.tensor_parallel_size:
+        found.append(
+            f"spec.decode.tensorParallelSize = {unit.tensor_parallel_size}: the store TP (LCM of the prefill TP "
+            f"sizes {list(ctx.prefill_tp_sizes)}) is {ctx.store_tp}, not a multiple of it, so decode could not "
+            "read the prefill's blocks. Fix: use a decode TP that divides the store TP, or add a prefill pool "
+            "with the decode's TP"
+        )
+    if unit.role in (c.ROLE_DECODE, c.ROLE_PD) and ctx.spec.decode.kv.save_decode_cache and not ctx.store_kv_split:
+        found.append(
+            "spec.decode.kv.saveDecodeCache = True: only a decoder reading KV from the store saves its blocks. "
+            "Fix: remove it, or use spec.prefill.kv.connector mooncake-store or mooncake+store"
+        )
+    return found

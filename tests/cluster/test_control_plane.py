@@ -7,6 +7,7 @@ apiserver the session started on loopback is ever contacted; simulated pod IPs a
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -89,6 +90,24 @@ def test_every_simulated_node_offers_eight_gpus_and_is_ready(api_client: client.
         assert _condition(node, "Ready").get("status") == "True", name
         assert not node["spec"].get("taints"), name
     assert len({node["metadata"]["labels"][nodes.ZONE_LABEL] for node in listed}) >= 2
+
+    # Without a renewed lease per node the controller-manager marks the nodes NotReady after ~50 s, taints
+    # them and evicts their pods, which breaks any test that runs for minutes.
+    coordination = client.CoordinationV1Api(api_client)
+
+    def renewed(name: str) -> str | None:
+        try:
+            lease = as_json(coordination.read_namespaced_lease(name, "kube-node-lease"))
+        except client.ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        renew_time: str | None = lease["spec"].get("renewTime")
+        return renew_time
+
+    for node in listed:
+        name = node["metadata"]["name"]
+        eventually(f"kwok keeps a lease for {name}", functools.partial(renewed, name))
 
 
 def test_gpu_deployment_runs_and_is_garbage_collected(api_client: client.ApiClient, namespace: str) -> None:

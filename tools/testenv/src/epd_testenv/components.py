@@ -239,6 +239,10 @@ def kwok(files: Files, network: Network) -> Component:
             f"--config={STAGES_FILE}",
             f"--node-ip={LOOPBACK}",
             f"--cidr={network.pod_cidr}",
+            # kwok applies its 40 s default only to a KwokConfiguration object, which our --config lacks. Without
+            # a lease the node-heartbeat-with-lease stage only posts status every ~10 minutes, the
+            # controller-manager marks the nodes NotReady and taints them, and pods get evicted.
+            "--node-lease-duration-seconds=40",
             # No --node-port and no --server-address: kwok then serves nothing (no logs/exec endpoints).
         ),
     )

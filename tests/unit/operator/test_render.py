@@ -322,3 +322,41 @@ def test_serving_knobs_reach_their_roles() -> None:
     }
     assert servers["demo-prefill-tp2"].max_num_batched_tokens == 16384
     assert servers["demo-decode"].enforce_eager is True and servers["demo-prefill"].enforce_eager is None
+
+
+def _set(spec: dict[str, Any], path: str, value: Any) -> None:
+    *head, last = path.split(".")
+    for key in head:
+        spec = spec.setdefault(key, {})
+    spec[last] = value
+
+
+@pytest.mark.parametrize(
+    ("name", "path", "value", "rolled"),
+    [
+        (CROSS, "store.clients.segmentSize", "40GiB", {"demo-store-client"}),
+        (CROSS, "store.tenant.isolation", False, {"demo-master"}),
+        (CROSS, "encoder.crossEncoderCache.maxPendingItems", 64, {"demo-encoder"}),
+        (CROSS, "proxy.routing.encoderAffinity", False, {"demo-proxy"}),
+        (CROSS, "proxy.service.port", 9000, set()),
+        (CROSS, "store.tenant.id", "team-a", {"demo-store-client", "demo-encoder", "demo-pd", "demo-master"}),
+        (SHARED, "model.revision", "r2", set()),
+        (OFFLOAD, "decode.kv.saveDecodeCache", False, {"demo-decode"}),
+        (OFFLOAD, "prefill.env", {"LOG_LEVEL": "debug"}, {"demo-prefill", "demo-prefill-tp2"}),
+        (OFFLOAD, "encoder.extraArgs", ["--max-model-len", "4096"], {"demo-encoder"}),
+    ],
+)
+def test_a_change_rolls_exactly_the_roles_whose_pods_it_touches(
+    name: str, path: str, value: Any, rolled: set[str]
+) -> None:
+    spec = example(name)
+    if path.startswith("store.tenant."):
+        spec["store"]["tenant"].pop("quota", None)  # a quota needs isolation; keep both variants valid
+    before = render(copy.deepcopy(spec))
+    _set(spec, path, value)
+    after = render(spec)
+    templates = {w["metadata"]["name"]: w["spec"]["template"] for w in workloads(before)}
+    changed_pods = {
+        w["metadata"]["name"] for w in workloads(after) if w["spec"]["template"] != templates[w["metadata"]["name"]]
+    }
+    assert changed_pods == rolled

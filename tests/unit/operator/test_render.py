@@ -3,6 +3,7 @@ every pod is hardened and runs epd-launch for its role, and the layouts of facts
 
 from __future__ import annotations
 
+import ast
 import copy
 import json
 from pathlib import Path
@@ -360,3 +361,21 @@ def test_a_change_rolls_exactly_the_roles_whose_pods_it_touches(
         w["metadata"]["name"] for w in workloads(after) if w["spec"]["template"] != templates[w["metadata"]["name"]]
     }
     assert changed_pods == rolled
+
+
+PURE_PACKAGES = [Path(__file__).resolve().parents[3] / "operator/src/epd_operator" / p for p in ("derive", "render")]
+FORBIDDEN: tuple[str, ...] = ("kopf", "kubernetes", "aiohttp", "urllib", "socket", "subprocess", "os")
+FORBIDDEN += tuple(
+    f"epd_operator.{m}" for m in ("_kube", "apply", "status", "handlers", "_runtime", "main", "settings")
+)
+
+
+@pytest.mark.parametrize("module", [f for p in PURE_PACKAGES for f in sorted(p.glob("*.py"))], ids=lambda f: f.stem)
+def test_derive_and_render_stay_pure(module: Path) -> None:
+    """The layer rule: derive and render import only api, derive and the connector library; no I/O, no client."""
+    tree = ast.parse(module.read_text())
+    imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    imported += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+    bad = [m for m in imported if any(m == f or m.startswith(f + ".") for f in FORBIDDEN)]
+    assert not bad, f"{module.name} imports {bad}"
+    assert ast.get_docstring(tree), f"{module.name} needs a docstring saying why it exists"

@@ -7,11 +7,14 @@ for the master's /health before a client or requester starts: ``setup()`` with n
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -26,6 +29,7 @@ from epd_connectors.config.mooncake import MooncakeStoreConfig
 from epd_connectors.config.store_client import StoreClientConfig
 
 LOOPBACK = "127.0.0.1"
+REPO = Path(__file__).resolve().parents[2]
 BIN_DIR = Path(sys.executable).parent
 """The venv's bin: mooncake-transfer-engine-non-cuda installs mooncake_master and mooncake_client there."""
 START_TIMEOUT_S = 20.0
@@ -67,6 +71,24 @@ class Process:
         if self.alive():
             self.popen.kill()
         self.popen.wait(timeout=10)
+
+
+def health(config: MasterConfig) -> dict[str, Any] | None:
+    """The master's /health JSON, or None while it does not answer."""
+    try:
+        with urllib.request.urlopen(config.health_url(LOOPBACK), timeout=1) as response:
+            body: dict[str, Any] = json.loads(response.read())
+            return body
+    except OSError:
+        return None
+
+
+def _serves(config: MasterConfig) -> bool:
+    try:
+        store_probe.wait_for_master(config.health_url(LOOPBACK), timeout_s=0)
+    except TimeoutError:
+        return False
+    return True
 
 
 @dataclass
@@ -112,7 +134,8 @@ class Mooncake:
 
     def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
         log = self.workdir / f"{name}.log"
-        argv = [str(BIN_DIR / argv[0]), *argv[1:]]
+        if "/" not in argv[0]:
+            argv = [str(BIN_DIR / argv[0]), *argv[1:]]
         with log.open("wb") as out:
             popen = subprocess.Popen(
                 argv, cwd=self.workdir, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
@@ -130,8 +153,9 @@ class Mooncake:
                 pytest.fail(f"{process.name}: no {what} after {START_TIMEOUT_S} s:\n{process.tail()}")
             time.sleep(0.05)
 
-    def master(self, **fields: Any) -> RunningMaster:
-        """Start a master on free loopback ports; returns once its /health answers."""
+    def master(self, *, serving: bool = True, **fields: Any) -> RunningMaster:
+        """Start a master on free loopback ports; returns once /health says it serves (``serving``), or once
+        it answers at all (an HA standby never serves)."""
         data: dict[str, Any] = {"rpc_address": LOOPBACK, "rpc_port": free_port(), "metrics_port": free_port()}
         if fields.get("enable_http_metadata_server"):
             data["http_metadata_server_port"] = free_port()
@@ -142,15 +166,7 @@ class Mooncake:
         for path, content in config.files().items():
             Path(path).write_text(content)
         process = self.spawn(f"master-{config.rpc_port}", config.argv())
-
-        def healthy() -> bool:
-            try:
-                store_probe.wait_for_master(config.health_url(LOOPBACK), timeout_s=0)
-            except TimeoutError:
-                return False
-            return True
-
-        self._wait(process, "/health", healthy)
+        self._wait(process, "/health", lambda: health(config) is not None and (not serving or _serves(config)))
         return RunningMaster(config, process)
 
     def client(self, master: RunningMaster, **fields: Any) -> RunningClient:
@@ -170,6 +186,33 @@ class Mooncake:
         wanted = before + config.global_segment_size
         self._wait(process, "mounted segment", lambda: store_probe.master_capacity_bytes(master.metrics_url) >= wanted)
         return RunningClient(config, process)
+
+    def etcd(self) -> str:
+        """Start a single-member etcd for HA masters; returns its client endpoint HOST:PORT."""
+        binary = shutil.which("etcd") or str(REPO / ".cache" / "bin" / "etcd")
+        if not Path(binary).is_file():
+            pytest.skip("no etcd binary (built into .cache/bin by `make setup-k8s-tools`)")
+        client, peer = f"http://{LOOPBACK}:{free_port()}", f"http://{LOOPBACK}:{free_port()}"
+        argv = [
+            binary,
+            f"--data-dir={self.workdir / 'etcd'}",
+            f"--listen-client-urls={client}",
+            f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=default={peer}",
+        ]
+        process = self.spawn("etcd", argv)
+
+        def healthy() -> bool:
+            try:
+                with urllib.request.urlopen(f"{client}/health", timeout=1) as response:
+                    return b'"true"' in response.read()
+            except OSError:
+                return False
+
+        self._wait(process, "etcd /health", healthy)
+        return client.removeprefix("http://")
 
     def requester(self, config: MooncakeStoreConfig) -> Any:
         """A MooncakeDistributedStore set up from ``config`` as vLLM would; closed at teardown."""

@@ -9,6 +9,7 @@ master's /health first and turn codes into ``StoreError`` with a name.
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.error
 import urllib.request
@@ -53,20 +54,34 @@ def describe(code: int) -> str:
 
 
 def wait_for_master(health_url: str, timeout_s: float = DEFAULT_WAIT_S, interval_s: float = 0.1) -> None:
-    """Poll the master's /health until it answers 200; raises TimeoutError naming the URL otherwise."""
+    """Poll the master's /health until it serves; raises TimeoutError naming the URL and the last answer.
+
+    Serving means HTTP 200 and, when the body says so, ``"service_ready": true``: an HA standby and a leader
+    still warming up also answer 200 (``{"status": "ok", "role": "standby", "service_ready": false}``).
+    """
     deadline = time.monotonic() + timeout_s
     last = "no answer"
     while True:
         try:
             with urllib.request.urlopen(health_url, timeout=1.0) as response:
-                if response.status == 200:
+                body = response.read()
+                if response.status == 200 and _service_ready(body):
                     return
-                last = f"HTTP {response.status}"
+                last = f"HTTP {response.status} {body[:200].decode(errors='replace')}"
         except (urllib.error.URLError, OSError) as exc:
             last = str(exc)
         if time.monotonic() >= deadline:
             raise TimeoutError(f"Mooncake master not healthy at {health_url} after {timeout_s:.0f} s: {last}")
         time.sleep(interval_s)
+
+
+def _service_ready(body: bytes) -> bool:
+    """False only when the health JSON says the master does not serve yet (older masters send no flag)."""
+    try:
+        health = json.loads(body)
+    except ValueError:
+        return True
+    return not isinstance(health, dict) or health.get("service_ready", True) is not False
 
 
 def master_capacity_bytes(metrics_url: str) -> int:

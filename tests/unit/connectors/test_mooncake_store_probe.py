@@ -29,3 +29,17 @@ def test_mooncake_is_imported_lazily() -> None:
         names = [a.name for n in top_level if isinstance(n, ast.Import) for a in n.names]
         names += [n.module or "" for n in top_level if isinstance(n, ast.ImportFrom)]
         assert not [name for name in names if name.split(".")[0] == "mooncake"], module.__name__
+
+
+@pytest.mark.parametrize(
+    ("body", "ready"),
+    [
+        (b'{"status":"ok","role":"leader","ha_state":"serving","service_ready":true}', True),
+        (b'{"status":"ok","role":"standby","ha_state":"standby","service_ready":false}', False),
+        (b'{"status":"ok","role":"leader","ha_state":"leader_warmup","service_ready":false}', False),
+        (b'{"status":"ok"}', True),  # a master too old to report readiness
+        (b"OK", True),
+    ],
+)
+def test_health_bodies_that_mean_serving(body: bytes, ready: bool) -> None:
+    assert store_probe._service_ready(body) is ready

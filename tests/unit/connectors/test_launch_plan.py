@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from epd_connectors.config.bundle import RoleBundle
+from epd_connectors.config.bundle import POD_IP_PLACEHOLDER, RoleBundle
 from epd_connectors.config.mooncake import MooncakeStoreConfig
 from epd_connectors.launch import cli
-from epd_connectors.launch.plan import plan_launch
+from epd_connectors.launch.plan import LaunchError, plan_launch
 from epd_connectors.launch.readiness import Dependency, DependencyTimeoutError, wait_for_all
 
 pytestmark = pytest.mark.unit
@@ -126,3 +126,32 @@ def test_wait_gives_up_at_the_deadline_with_one_clear_line() -> None:
         )
     assert str(info.value).startswith("gave up after 3s waiting for the Mooncake master at http://127.0.0.1:9/health")
     assert lines and lines[0].startswith("waiting for the Mooncake master")
+
+
+def test_a_pod_only_address_without_pod_ip_is_one_clear_line(
+    bundle_data: dict[str, dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bundle_data["store-client"]["store_client"]["host"] = POD_IP_PLACEHOLDER
+    path = tmp_path / "bundle.json"
+    path.write_text(json.dumps(bundle_data["store-client"]))
+    with pytest.raises(LaunchError, match=r"store_client.host = 'pod-ip.invalid'.*Fix: set POD_IP"):
+        _plan(RoleBundle.model_validate(bundle_data["store-client"]))
+    assert "--host=10.0.0.9" in _plan(RoleBundle.model_validate(bundle_data["store-client"]), POD_IP="10.0.0.9").argv
+    assert cli.main(["store-client", "--bundle", str(path), "--dry-run"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("epd-launch[store-client]: cannot start: store_client.host = 'pod-ip.invalid'")
+
+
+def test_an_ha_master_advertises_its_pod_ip(bundle_data: dict[str, dict[str, Any]]) -> None:
+    master = bundle_data["master"]["master"]
+    master.update({"rpc_address": POD_IP_PLACEHOLDER, "ha": {"backend": "etcd", "endpoints": ["etcd-0:2379"]}})
+    bundle = RoleBundle.model_validate(bundle_data["master"])
+    assert "--rpc_address=10.0.0.7" in _plan(bundle, POD_IP="10.0.0.7").argv
+    with pytest.raises(LaunchError, match=r"master\.rpc_address"):
+        _plan(bundle)
+
+
+def test_consumer_placeholder_needs_pod_ip(bundle_data: dict[str, dict[str, Any]]) -> None:
+    bundle_data["pd"]["ec_transfer"]["ec_ip"] = POD_IP_PLACEHOLDER
+    with pytest.raises(LaunchError, match=r"ec_transfer\.ec_ip"):
+        _plan(RoleBundle.model_validate(bundle_data["pd"]))

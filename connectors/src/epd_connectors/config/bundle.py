@@ -39,6 +39,11 @@ class Role(StrEnum):
     PROXY = "proxy"
 
 
+POD_IP_PLACEHOLDER: Literal["pod-ip.invalid"] = "pod-ip.invalid"
+"""Host written into a bundle where only the pod knows the value (a store client's host, an EC consumer's ec_ip,
+an HA master's rpc_address): epd-launch replaces it with POD_IP from the downward API. The .invalid TLD
+(RFC 2606) never resolves, so an address that was not replaced fails loudly instead of pointing elsewhere."""
+
 VLLM_ROLES = frozenset({Role.ENCODER, Role.PREFILL, Role.DECODE, Role.PD})
 
 

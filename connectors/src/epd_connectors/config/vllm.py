@@ -9,6 +9,7 @@ span the server and its EC/KV configs, so an inconsistent argv cannot be rendere
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, ValidationInfo, field_validator, model_validator
@@ -76,20 +77,20 @@ OWNED_FLAGS: dict[str, str] = {
 }
 
 
-def _owned_flag(arg: str) -> str | None:
-    """The owned flag an extra argument would set, if any."""
+def owned_flag(arg: str, owned: Collection[str] = OWNED_FLAGS) -> str | None:
+    """The flag of `owned` an extra argument would set, read as vLLM's argparse reads it: '_' as '-', the
+    '--flag=value' and '--json-flag.key' forms, and unambiguous long prefixes (allow_abbrev); short forms
+    (-tp) only exactly."""
     if not arg.startswith("-") or arg in ("-", "--"):
         return None
-    name = arg.split("=", 1)[0].split(".", 1)[0]  # --flag=value and --json-flag.key value
-    if name.startswith("--"):
-        name = "--" + name[2:].replace("_", "-")
-    if name in OWNED_FLAGS:
+    if not arg.startswith("--"):
+        short = arg.split("=", 1)[0]
+        return short if short in owned else None
+    name = "--" + arg[2:].split("=", 1)[0].split(".", 1)[0].replace("_", "-")
+    if name in owned:
         return name
-    if name.startswith("--") and len(name) > 2:
-        for flag in OWNED_FLAGS:
-            if flag.startswith(name):
-                return flag
-    return None
+    matches = [flag for flag in owned if flag.startswith(name)]
+    return matches[0] if len(name) > 2 and matches else None
 
 
 def _as_tuple(value: object) -> object:
@@ -216,7 +217,7 @@ class VllmServerConfig(ConfigModel):
     @classmethod
     def _extra(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for arg in value:
-            flag = _owned_flag(arg)
+            flag = owned_flag(arg)
             if flag is not None:
                 raise rule_error(
                     "extra_args",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from epd_connectors.config.base import ConfigError
 from epd_connectors.config.bundle import Role, load_bundle
-from epd_connectors.launch.plan import LaunchPlan, plan_launch
+from epd_connectors.launch.plan import LaunchError, LaunchPlan, plan_launch
 from epd_connectors.launch.readiness import DependencyTimeoutError, wait_for_all
 
 DEFAULT_WORKDIR = "/tmp/epd-launch"
@@ -58,7 +58,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     workdir = str(Path(args.workdir).absolute())
-    plan = plan_launch(bundle, workdir=workdir, bundle_path=str(args.bundle.absolute()), environ=os.environ)
+    try:
+        plan = plan_launch(bundle, workdir=workdir, bundle_path=str(args.bundle.absolute()), environ=os.environ)
+    except (LaunchError, ConfigError) as exc:
+        say(f"cannot start: {exc}")
+        return 2
     if args.dry_run:
         print(json.dumps(_plan_as_dict(plan), indent=2, sort_keys=True))
         return 0

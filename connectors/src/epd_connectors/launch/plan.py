@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from epd_connectors.config.bundle import VLLM_ROLES, Role, RoleBundle
+from epd_connectors.config.bundle import POD_IP_PLACEHOLDER, VLLM_ROLES, Role, RoleBundle
 from epd_connectors.config.ec_transfer import ECMooncakeConsumer
 from epd_connectors.config.mooncake import StoreMode
 from epd_connectors.config.vllm import SERVER_MODULE
@@ -50,14 +50,19 @@ def plan_launch(
 
     if bundle.role is Role.MASTER:
         assert bundle.master is not None  # the bundle's role rules guarantee the section
-        argv = bundle.master.argv()
-        files.update(bundle.master.files())
+        master = bundle.master
+        if master.ha is not None:
+            # An HA master advertises rpc_address to clients through the election backend.
+            address = _pod_address(master.rpc_address, "master.rpc_address", pod_ip)
+            master = master.model_validate({**master.model_dump(), "rpc_address": address})
+        argv = master.argv()
+        files.update(master.files())
     elif bundle.role is Role.STORE_CLIENT:
         assert bundle.store_client is not None
         client = bundle.store_client
-        if pod_ip:
-            # The owner advertises its host to every requester; only the pod knows its own IP.
-            client = client.model_validate({**client.model_dump(), "host": pod_ip})
+        # The owner advertises its host to every requester; only the pod knows its own IP.
+        host = _pod_address(client.host, "store_client.host", pod_ip)
+        client = client.model_validate({**client.model_dump(), "host": host})
         argv = client.argv()
         env.update(client.env())
     elif bundle.role in VLLM_ROLES:
@@ -71,9 +76,10 @@ def plan_launch(
         if pod_ip:
             env[HOST_IP_ENV] = pod_ip
         ec = bundle.ec_transfer
-        if pod_ip and isinstance(ec, ECMooncakeConsumer):
+        if isinstance(ec, ECMooncakeConsumer):
             # The consumer's control server binds and advertises ec_ip; only the pod knows its own IP.
-            ec = ECMooncakeConsumer.model_validate({**ec.model_dump(), "ec_ip": pod_ip})
+            ec_ip = _pod_address(ec.ec_ip, "ec_transfer.ec_ip", pod_ip)
+            ec = ECMooncakeConsumer.model_validate({**ec.model_dump(), "ec_ip": ec_ip})
         vllm_args = bundle.vllm.argv(
             ec,
             bundle.kv_transfer,
@@ -83,6 +89,22 @@ def plan_launch(
     else:  # Role.PROXY
         argv = [PROXY_COMMAND, "--bundle", bundle_path]
     return LaunchPlan(argv=argv, env=env, files=files, waits=dependencies_of(bundle))
+
+
+class LaunchError(ValueError):
+    """The bundle cannot run in this environment; ``str()`` is the one line the launcher prints."""
+
+
+def _pod_address(value: str, field: str, pod_ip: str | None) -> str:
+    """The pod's own IP when the pod has one, else the bundle's value, which must then be a real address."""
+    if pod_ip:
+        return pod_ip
+    if value == POD_IP_PLACEHOLDER:
+        raise LaunchError(
+            f"{field} = {value!r}: only the pod knows this address and {POD_IP_ENV} is not set. "
+            f"Fix: set {POD_IP_ENV} from the downward API (fieldRef status.podIP), or give a real address"
+        )
+    return value
 
 
 def dependencies_of(bundle: RoleBundle) -> list[Dependency]:

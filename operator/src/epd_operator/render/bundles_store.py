@@ -7,7 +7,7 @@ scaling the store clients must not roll the master or any vLLM role.
 
 from __future__ import annotations
 
-from epd_connectors.config.bundle import Peers, Role, RoleBundle
+from epd_connectors.config.bundle import POD_IP_PLACEHOLDER, Peers, Role, RoleBundle
 from epd_connectors.config.master import MasterConfig, TenantQuota, TenantQuotaPolicy
 from epd_connectors.config.mooncake import MooncakeStoreConfig, Protocol, StoreMode
 from epd_connectors.config.store_client import StoreClientConfig
@@ -15,7 +15,7 @@ from epd_operator.api import constants as c
 from epd_operator.api.resource import InvalidSpecError
 from epd_operator.api.spec import StoreSpec
 from epd_operator.derive import ports
-from epd_operator.render.context import OFFLOAD_DIR, POD_IP_PLACEHOLDER, Context
+from epd_operator.render.context import OFFLOAD_DIR, Context
 
 TENANT_POLICY_FILE = f"{c.WORK_DIR}/tenant_quota.yaml"
 """The master's quota policy: on the writable work volume, since Mooncake rewrites it on quota changes."""

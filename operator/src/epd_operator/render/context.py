@@ -23,10 +23,6 @@ KV_SHARED_PATH: Final = f"{SHARED_DIR}/kv"
 """ExampleConnector's (KV) folder."""
 OFFLOAD_DIR: Final = "/mnt/epd-offload"
 """The store client's SSD tier (MOONCAKE_OFFLOAD_FILE_STORAGE_PATH)."""
-POD_IP_PLACEHOLDER: Final = "pod-ip.invalid"
-"""Host written into bundles where only the pod knows the value (store client host, EC consumer ec_ip):
-epd-launch replaces it with POD_IP from the downward API. The .invalid TLD (RFC 2606) never resolves, so a
-launcher that did not replace it fails loudly instead of advertising a wrong address."""
 
 
 @dataclass(frozen=True)

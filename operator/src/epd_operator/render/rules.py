@@ -6,7 +6,7 @@ prefill pools together, the ports of a pod, or what the operator renders into vL
 
 from __future__ import annotations
 
-from epd_connectors.config.vllm import OWNED_FLAGS
+from epd_connectors.config.vllm import OWNED_FLAGS, owned_flag
 from epd_operator.api import constants as c
 from epd_operator.api.spec import StoreSpec
 from epd_operator.derive import names as naming
@@ -101,28 +101,13 @@ _OWNED_BY[bundles_vllm.MM_PROCESSOR_KWARGS_FLAG] = (
 )
 
 
-def owned_flag(arg: str) -> str | None:
-    """The rendered flag an extra argument would set, read as vLLM's argparse reads it: '_' as '-', the
-    '--flag=value' and '--json-flag.key' forms, and unambiguous prefixes (allow_abbrev)."""
-    if not arg.startswith("-") or arg in ("-", "--"):
-        return None
-    if not arg.startswith("--"):  # short forms (-tp) are matched exactly, as argparse does
-        short = arg.split("=", 1)[0]
-        return short if short in _OWNED_BY else None
-    name = "--" + arg[2:].split("=", 1)[0].split(".", 1)[0].replace("_", "-")
-    if name in _OWNED_BY:
-        return name
-    matches = [flag for flag in _OWNED_BY if flag.startswith(name)]
-    return matches[0] if len(name) > 2 and matches else None
-
-
 def _vllm_problems(ctx: Context, unit: Unit) -> list[str]:
     """Rules whose connector-library message would not name the spec field to change."""
     found: list[str] = []
     section = bundles_vllm.role_spec(ctx, unit)
     base_path = "spec.prefill" if unit.role == c.ROLE_PREFILL else unit.spec_path
     for arg in section.extra_args:
-        flag = owned_flag(arg)
+        flag = owned_flag(arg, _OWNED_BY)
         if flag is not None:
             found.append(
                 f"{base_path}.extraArgs = {arg!r}: sets {flag}, which the operator renders. "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from epd_connectors.config.bundle import POD_IP_PLACEHOLDER
 from epd_connectors.config.ec_transfer import (
     ECExampleConnectorConfig,
     ECExampleExtra,
@@ -32,7 +33,7 @@ from epd_connectors.config.kv_transfer import (
 )
 from epd_operator.api import constants as c
 from epd_operator.derive import identity, ports
-from epd_operator.render.context import EC_SHARED_PATH, KV_SHARED_PATH, POD_IP_PLACEHOLDER, Context
+from epd_operator.render.context import EC_SHARED_PATH, KV_SHARED_PATH, Context
 
 ECConfig = ECMooncakeProducer | ECMooncakeConsumer | ECExampleConnectorConfig
 Protocol = Literal["rdma", "tcp"]

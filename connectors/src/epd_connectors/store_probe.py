@@ -65,7 +65,7 @@ def wait_for_master(health_url: str, timeout_s: float = DEFAULT_WAIT_S, interval
         try:
             with urllib.request.urlopen(health_url, timeout=1.0) as response:
                 body = response.read()
-                if response.status == 200 and _service_ready(body):
+                if response.status == 200 and service_ready(body):
                     return
                 last = f"HTTP {response.status} {body[:200].decode(errors='replace')}"
         except (urllib.error.URLError, OSError) as exc:
@@ -75,7 +75,7 @@ def wait_for_master(health_url: str, timeout_s: float = DEFAULT_WAIT_S, interval
         time.sleep(interval_s)
 
 
-def _service_ready(body: bytes) -> bool:
+def service_ready(body: bytes) -> bool:
     """False only when the health JSON says the master does not serve yet (older masters send no flag)."""
     try:
         health = json.loads(body)
@@ -87,12 +87,16 @@ def _service_ready(body: bytes) -> bool:
 def master_capacity_bytes(metrics_url: str) -> int:
     """Bytes of pool mounted on the master (its ``master_total_capacity_bytes`` gauge); 0 if absent."""
     with urllib.request.urlopen(metrics_url, timeout=2.0) as response:
-        text = response.read().decode()
+        return capacity_from_metrics(response.read().decode()) or 0
+
+
+def capacity_from_metrics(text: str) -> int | None:
+    """The ``master_total_capacity_bytes`` gauge from the master's Prometheus text; None when absent."""
     for line in text.splitlines():
         name, _, value = line.partition(" ")
         if name == "master_total_capacity_bytes":
             return int(float(value))
-    return 0
+    return None
 
 
 def wait_for_capacity(

@@ -42,4 +42,4 @@ def test_mooncake_is_imported_lazily() -> None:
     ],
 )
 def test_health_bodies_that_mean_serving(body: bytes, ready: bool) -> None:
-    assert store_probe._service_ready(body) is ready
+    assert store_probe.service_ready(body) is ready

@@ -7,13 +7,14 @@ and in standalone-store mode encoders also wait until a store owner has mounted 
 
 from __future__ import annotations
 
-import json
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
+
+from epd_connectors import store_probe
 
 CheckKind = Literal["master-health", "store-capacity"]
 
@@ -51,22 +52,17 @@ def probe(dep: Dependency, timeout_s: float = DEFAULT_PROBE_TIMEOUT_S) -> str | 
 
 
 def _master_health_problem(body: str) -> str | None:
-    try:
-        health = json.loads(body)
-    except ValueError:
-        return "health endpoint did not return JSON"
-    if health.get("status") != "ok" or health.get("service_ready") is False:
+    if not store_probe.service_ready(body.encode()):
         return f"master not serving yet ({body.strip()[:120]})"
     return None
 
 
 def _store_capacity_problem(metrics: str) -> str | None:
     """Prometheus text from the master: ready once some store owner has mounted a segment."""
-    for line in metrics.splitlines():
-        if line.startswith("master_total_capacity_bytes "):
-            capacity = float(line.split()[1])
-            return None if capacity > 0 else "no store client has mounted a segment yet"
-    return "master metrics have no master_total_capacity_bytes"
+    capacity = store_probe.capacity_from_metrics(metrics)
+    if capacity is None:
+        return "master metrics have no master_total_capacity_bytes"
+    return None if capacity > 0 else "no store client has mounted a segment yet"
 
 
 def wait_for_all(

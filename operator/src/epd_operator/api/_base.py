@@ -40,7 +40,8 @@ def _size_schema(minimum: int, pattern: str) -> WithJsonSchema:
             "x-kubernetes-validations": [
                 {
                     "rule": f"type(self) == int ? self >= {minimum} : self.matches(r'{pattern}')",
-                    "message": f"must be a {what} byte size: an integer or a string like '80GB', '4 GiB', '512Mi'",
+                    "message": f"must be a {what} byte size: an integer or a string like '80GB', '4 GiB', '512Mi' "
+                    "(units are powers of 1024)",
                 }
             ],
         }
@@ -63,7 +64,9 @@ Quantity = Annotated[
     PlainSerializer(int, return_type=int),
     _size_schema(0, _SIZE),
 ]
-"""A byte size: an integer of bytes or a string like "80GB", "4 GiB", "512Mi" (normalised to bytes)."""
+"""A byte size: an integer of bytes or a string like "80GB", "4 GiB", "512Mi", normalised to bytes. Every unit
+is a power of 1024 (GB = GiB), as Mooncake and vLLM read their own size strings, so a size copied from their
+docs means the same here."""
 
 PositiveQuantity = Annotated[
     int,

@@ -66,7 +66,7 @@ def _trim(body: Mapping[str, Any]) -> dict[str, Any]:
     """The parts of a workload status reads (a watch body holds the whole pod template)."""
     meta = body.get("metadata", {})
     return {
-        "metadata": {k: meta[k] for k in ("name", "generation", "deletionTimestamp") if k in meta},
+        "metadata": {k: meta[k] for k in ("name", "uid", "generation", "deletionTimestamp") if k in meta},
         "spec": {"replicas": (body.get("spec") or {}).get("replicas", 1)},
         "status": dict(body.get("status") or {}),
     }
@@ -98,6 +98,22 @@ class Runtime:
             self.deployments[key] = tracked
         tracked.owner = owner
         return tracked
+
+    def _remember(self, key: tuple[str, str, str], body: Mapping[str, Any], *, watched: bool) -> None:
+        """Keep the newest state of a workload, whichever path it came by.
+
+        The watch and our own apply answers race: an answer may be processed after the watch already delivered
+        a later state of the same object, and a lagging watch may deliver an older one after our answer. The
+        generation orders them (it only grows for one object, uid): a watch event wins ties, since it carries
+        the latest status; an apply or list answer counts only when it shows a generation not seen yet.
+        """
+        old = self.workloads.get(key)
+        new_meta = body.get("metadata", {})
+        if old is not None and old["metadata"].get("uid") == new_meta.get("uid"):
+            before, after = int(old["metadata"].get("generation") or 0), int(new_meta.get("generation") or 0)
+            if after < before or (after == before and not watched):
+                return
+        self.workloads[key] = _trim(body)
 
     def forget(self, namespace: str, name: str) -> None:
         """The EPDDeployment is gone (its children follow through garbage collection)."""
@@ -148,10 +164,7 @@ class Runtime:
         tracked.desired = desired
         for obj in result.live:
             if obj["kind"] in apply.WORKLOAD_KINDS:
-                # An apply answer is at least as new as anything watched so far; a listed object is not.
-                k = apply.key_of(obj)
-                if k in result.written or k not in self.workloads:
-                    self.workloads[k] = _trim(obj)
+                self._remember(apply.key_of(obj), obj, watched=False)
         self.metrics.set_objects(
             (tracked.owner.namespace, tracked.owner.name), Counter(o["kind"] for o in desired.objects)
         )
@@ -213,18 +226,22 @@ class Runtime:
         meta = body.get("metadata", {})
         namespace, name = meta.get("namespace", ""), meta.get("name", "")
         key = (kind, namespace, name)
-        if event_type == "DELETED":
-            self.workloads.pop(key, None)
-        else:
-            self.workloads[key] = _trim(body)
+        if event_type != "DELETED":
+            self._remember(key, body, watched=True)
+        elif self.workloads.get(key, {}).get("metadata", {}).get("uid") == meta.get("uid"):
+            del self.workloads[key]
         owner_name = (meta.get("labels") or {}).get(c.LABEL_DEPLOYMENT)
         tracked = self.deployments.get((namespace, owner_name or ""))
         if tracked is None or tracked.desired is None:
             return  # not seen yet: its resume or create handler publishes once it ran
-        if not any(w.kind == key[0] and w.name == name for w in tracked.desired.workloads):
+        if not any(w.kind == kind and w.name == name for w in tracked.desired.workloads):
             return  # a pruned or foreign workload
         async with tracked.lock:
-            if event_type == "DELETED" and self.deployments.get((namespace, tracked.owner.name)) is tracked:
+            if event_type == "DELETED" and self.deployments.get(_key(tracked)) is tracked:
+                owner = tracked.owner
+                if not await status.exists(self.client, owner.namespace, owner.name, owner.uid):
+                    self.forget(owner.namespace, owner.name)  # the owner is going: GC deletes its children
+                    return
                 try:
                     await self._restore(tracked)
                 except _kube.KubeError as exc:  # the next event or reconcile tries again
@@ -233,9 +250,8 @@ class Runtime:
 
     async def _restore(self, tracked: Tracked) -> None:
         """Someone deleted a workload of a live EPDDeployment: apply the last valid render again."""
-        owner = tracked.owner
-        if tracked.desired is None or not await status.exists(self.client, owner.namespace, owner.name, owner.uid):
-            return  # the owner is going away; garbage collection is deleting its children
-        result = await apply.sync(self.client, owner, tracked.desired.objects, self.applied)
+        if tracked.desired is None:
+            return
+        result = await apply.sync(self.client, tracked.owner, tracked.desired.objects, self.applied)
         if result.written:
             kopf.warn(tracked.ref, reason="Restored", message=f"recreated {len(result.written)} deleted object(s)")

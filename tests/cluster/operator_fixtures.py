@@ -171,6 +171,21 @@ def eventually(
         time.sleep(every)
 
 
+def settled(what: str, snapshot: Callable[[], T], quiet: float = 3.0, timeout: float = DEADLINE_S) -> T:
+    """`snapshot()` once it stopped changing for `quiet` seconds (controllers finish their status updates:
+    a PodDisruptionBudget's, for one, lags its pods by a moment)."""
+    last, since = snapshot(), time.monotonic()
+    deadline = since + timeout
+    while time.monotonic() - since < quiet:
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {timeout:.0f} s: {what} settled")
+        time.sleep(0.5)
+        now = snapshot()
+        if now != last:
+            last, since = now, time.monotonic()
+    return last
+
+
 def example(path: pathlib.Path, namespace: str, name: str | None = None) -> dict[str, Any]:
     """An example manifest moved into the test's namespace (and renamed if asked)."""
     doc: dict[str, Any] = yaml.safe_load(path.read_text())

@@ -28,6 +28,7 @@ from tests.cluster.operator_fixtures import (
     example,
     key,
     provide_claim,
+    settled,
 )
 
 pytestmark = pytest.mark.cluster
@@ -320,14 +321,13 @@ def test_unchanged_resource_writes_nothing_for_a_minute(operator: Operator, kube
     create(kube, doc)
     name = doc["metadata"]["name"]
     ready(kube, op_namespace, name)
-    time.sleep(2.0)  # let the last status write and kopf's own annotations settle
 
     def snapshot() -> dict[tuple[str, str], str]:
         found = {key(o): o["metadata"]["resourceVersion"] for o in kube.children(op_namespace, name)}
         found[(c.KIND, name)] = kube.epd(op_namespace, name)["metadata"]["resourceVersion"]
         return found
 
-    before, metrics_before = snapshot(), operator.metrics()
+    before, metrics_before = settled("every child and the EPDDeployment", snapshot), operator.metrics()
     time.sleep(60.0)
     after, metrics_after = snapshot(), operator.metrics()
     assert after == before

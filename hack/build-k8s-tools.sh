@@ -15,6 +15,11 @@ bin_dir=${1:-.cache/bin}
 mkdir -p "$bin_dir"
 bin_dir=$(cd "$bin_dir" && pwd)
 tools="$root/tools/k8s"
+
+# One build at a time per folder: people share this working tree, and two `make test` runs would otherwise
+# race on the same outputs. The second waits, then finds the stamps current and does nothing.
+exec 9>"$bin_dir/.lock"
+flock 9
 tags=selinux,notest,grpcnotrace
 
 command -v go >/dev/null || { echo "build-k8s-tools: Go 1.26 or newer is needed (https://go.dev/dl/)" >&2; exit 1; }

@@ -17,7 +17,7 @@ import ssl
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import yaml
 
@@ -114,7 +114,7 @@ class Cluster:
         deadline = began + self.settings.ready_timeout_s
         ports = components.Ports(*process.free_ports(5))
         network = self.settings.network
-        self._extra = {"server": components.server_url(ports), "ports": ports.__dict__}
+        self._extra = {"server": components.server_url(ports), "ports": asdict(ports)}
 
         pki.generate(self.files.pki.dir)
         for path, config in components.component_kubeconfigs(self.files, ports).items():

@@ -189,7 +189,7 @@ class Cluster:
     def _stop_locked(self, *, quiet: bool) -> list[str]:
         recorded, _ = process.load(self.state_dir)
         recorded = recorded or self._started
-        # Reverse start order: clients first, etcd last, so nothing logs errors about a vanished server.
+        # Reverse start order, clients first and etcd last: an apiserver that loses etcd first hangs on exit.
         stopped = process.stop(list(reversed(recorded)), self.state_dir)
         (self.state_dir / process.STATE_FILE).unlink(missing_ok=True)
         self._started = []

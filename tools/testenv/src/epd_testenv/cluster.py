@@ -29,8 +29,20 @@ DEFAULT_READY_TIMEOUT_S = 120.0
 POLL_S = 0.2
 
 
+PORT_ATTEMPTS = 3
+"""Bring-up attempts when a component finds its port taken."""
+
+
 class ClusterError(Exception):
     """The cluster could not be brought up (a component exited, or a deadline passed)."""
+
+
+class PortTakenError(ClusterError):
+    """A component could not bind its port: another process took it between our pick and its start.
+
+    Ports are picked free, but several clusters (tests, demos, other people's) start on one machine at once,
+    so the pick can race; bring-up then starts over with new ports.
+    """
 
 
 @dataclass(frozen=True)
@@ -82,14 +94,22 @@ class Cluster:
     def up(self) -> None:
         """Start a fresh cluster (stopping and wiping any previous one here) and wait until usable."""
         with self._lock():
-            self._stop_locked(quiet=True)
-            self._wipe()
-            try:
-                self._bring_up()
-            except BaseException:
-                self._say(f"cluster: bring-up failed; stopping what was started (logs in {self.files.logs})")
+            for attempt in range(1, PORT_ATTEMPTS + 1):
                 self._stop_locked(quiet=True)
-                raise
+                self._wipe()
+                try:
+                    self._bring_up()
+                    return
+                except PortTakenError as error:
+                    self._stop_locked(quiet=True)
+                    if attempt == PORT_ATTEMPTS:
+                        raise
+                    who = str(error).split(" ", 1)[0]
+                    self._say(f"cluster: another process took {who}'s port; starting over with other ports")
+                except BaseException:
+                    self._say(f"cluster: bring-up failed; stopping what was started (logs in {self.files.logs})")
+                    self._stop_locked(quiet=True)
+                    raise
 
     def down(self) -> list[str]:
         """Stop every process `up` started here; returns their names (empty when nothing ran)."""
@@ -176,7 +196,9 @@ class Cluster:
                     return
             for p in self._started:
                 if not process.is_ours(p.pid, self.state_dir):
-                    raise ClusterError(f"{p.name} exited; last lines of {p.log}:\n{process.log_tail(p.log)}")
+                    tail = process.log_tail(p.log)
+                    error = PortTakenError if "address already in use" in tail else ClusterError
+                    raise error(f"{p.name} exited; last lines of {p.log}:\n{tail}")
             if time.monotonic() > deadline:
                 raise ClusterError(
                     f"timed out after {self.settings.ready_timeout_s:.0f} s waiting for {what}; "

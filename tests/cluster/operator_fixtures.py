@@ -53,9 +53,6 @@ WORKLOADS = (("apps/v1", "deployments"), ("apps/v1", "statefulsets"), ("apps/v1"
 CHILD_KINDS = (
     ("v1", "configmaps"),
     ("v1", "services"),
-    ("v1", "serviceaccounts"),
-    ("rbac.authorization.k8s.io/v1", "roles"),
-    ("rbac.authorization.k8s.io/v1", "rolebindings"),
     ("networking.k8s.io/v1", "networkpolicies"),
     ("policy/v1", "poddisruptionbudgets"),
     *WORKLOADS,

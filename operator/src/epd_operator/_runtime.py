@@ -34,6 +34,12 @@ Key = tuple[str, str]
 RETRY_DELAY_S = 5.0
 """Before kopf retries a reconcile the API server failed; its own backoff grows from there."""
 
+STATUS_DELAY_S = 0.2
+"""Workload events this close together share one status write: while a deployment comes up its workloads
+report in bursts (created, scheduled, ready), and each write costs the API server more than the wait costs."""
+RETRY_STATUS_S = 2.0
+"""When a status write failed (API server busy), the next attempt."""
+
 ANNOUNCED = frozenset({c.COND_VALID, c.COND_READY})
 """Conditions announced by an Event when they turn True; any condition is announced when it turns False."""
 
@@ -51,6 +57,8 @@ class Tracked:
     desired: Desired | None = None
     """The last valid render; None until a spec was valid."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    pending: asyncio.Task[None] | None = None
+    """A status refresh waiting for more workload events to coalesce with."""
 
 
 def _owner(body: Mapping[str, Any]) -> Owner:
@@ -75,8 +83,18 @@ def _trim(body: Mapping[str, Any]) -> dict[str, Any]:
 class Runtime:
     """The state of one operator process."""
 
-    def __init__(self, client: _kube.Client, defaults: OperatorDefaults, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        client: _kube.Client,
+        defaults: OperatorDefaults,
+        metrics: Metrics,
+        concurrent_syncs: int,
+    ) -> None:
         self.client, self.defaults, self.metrics = client, defaults, metrics
+        # Fifty syncs at once all finish late (their requests interleave); a few at a time finish one after
+        # another, so the pods of the first start while the rest are still being applied.
+        self._syncs = asyncio.Semaphore(concurrent_syncs)
+        self._tasks: set[asyncio.Task[None]] = set()
         self.deployments: dict[Key, Tracked] = {}
         self.workloads: dict[tuple[str, str, str], dict[str, Any]] = {}
         """(kind, namespace, name) -> the workload as last seen."""
@@ -160,7 +178,8 @@ class Runtime:
         if tracked.problems:
             kopf.info(tracked.ref, reason="SpecValid", message="the spec is valid again; applying it")
         tracked.problems = []
-        result = await apply.sync(self.client, tracked.owner, desired.objects, self.applied)
+        async with self._syncs:
+            result = await apply.sync(self.client, tracked.owner, desired.objects, self.applied)
         tracked.desired = desired
         for obj in result.live:
             if obj["kind"] in apply.WORKLOAD_KINDS:
@@ -236,17 +255,40 @@ class Runtime:
             return  # not seen yet: its resume or create handler publishes once it ran
         if not any(w.kind == kind and w.name == name for w in tracked.desired.workloads):
             return  # a pruned or foreign workload
+        if event_type != "DELETED":
+            self._refresh_later(tracked)
+            return
         async with tracked.lock:
-            if event_type == "DELETED" and self.deployments.get(_key(tracked)) is tracked:
-                owner = tracked.owner
-                if not await status.exists(self.client, owner.namespace, owner.name, owner.uid):
-                    self.forget(owner.namespace, owner.name)  # the owner is going: GC deletes its children
-                    return
-                try:
-                    await self._restore(tracked)
-                except _kube.KubeError as exc:  # the next event or reconcile tries again
-                    kopf.warn(tracked.ref, reason="RestoreFailed", message=str(exc)[:1000])
-            await self.publish(tracked)
+            if self.deployments.get(_key(tracked)) is not tracked:
+                return
+            owner = tracked.owner
+            if not await status.exists(self.client, owner.namespace, owner.name, owner.uid):
+                self.forget(owner.namespace, owner.name)  # the owner is going: GC deletes its children
+                return
+            try:
+                await self._restore(tracked)
+            except _kube.KubeError as exc:  # the next event or reconcile tries again
+                kopf.warn(tracked.ref, reason="RestoreFailed", message=str(exc)[:1000])
+        self._refresh_later(tracked)
+
+    def _refresh_later(self, tracked: Tracked, delay: float = STATUS_DELAY_S) -> None:
+        """Publish the status after `delay`, once for every event that arrives meanwhile."""
+        if tracked.pending is None or tracked.pending.done():
+            tracked.pending = task = asyncio.create_task(self._refresh(tracked, delay))
+            self._tasks.add(task)  # the loop keeps only weak references to tasks
+            task.add_done_callback(self._tasks.discard)
+
+    async def _refresh(self, tracked: Tracked, delay: float) -> None:
+        await asyncio.sleep(delay)
+        tracked.pending = None  # events from here on schedule another refresh
+        async with tracked.lock:
+            if self.deployments.get(_key(tracked)) is not tracked:
+                return  # forgotten meanwhile
+            try:
+                await self.publish(tracked)
+            except _kube.KubeError as exc:
+                log.warning("%s/%s: status not written, retrying: %s", *_key(tracked), exc)
+                self._refresh_later(tracked, RETRY_STATUS_S)
 
     async def _restore(self, tracked: Tracked) -> None:
         """Someone deleted a workload of a live EPDDeployment: apply the last valid render again."""

@@ -70,7 +70,8 @@ async def startup(memo: Any, **_: Any) -> None:
     connection: _kube.Connection = memo.connection
     defaults: OperatorDefaults = memo.defaults
     metrics: Metrics = memo.metrics
-    memo.runtime = Runtime(await _kube.Client.connect(connection), defaults, metrics)
+    concurrency: int = memo.concurrent_reconciles
+    memo.runtime = Runtime(await _kube.Client.connect(connection), defaults, metrics, concurrency)
 
 
 @kopf.on.cleanup(registry=registry)

@@ -43,6 +43,7 @@ def run(settings: Settings) -> None:
     memo.connection = settings.connection
     memo.defaults = settings.defaults
     memo.metrics = metrics
+    memo.concurrent_reconciles = settings.concurrent_reconciles
     kopf.run(
         registry=handlers.registry,
         settings=kopf_settings(settings),

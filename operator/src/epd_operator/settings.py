@@ -18,6 +18,10 @@ DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
 DEFAULT_METRICS_PORT = 9090
 """Prometheus /metrics; 0 disables it."""
 
+DEFAULT_CONCURRENT_RECONCILES = 4
+"""Enough to keep the API server busy; more only interleaves the requests so that every deployment finishes
+late (measured: 50 deployments at once, bench/operator)."""
+
 ENV_PREFIX = "EPD_OPERATOR_"
 
 
@@ -39,6 +43,8 @@ class Settings:
     """Images and the GPU resource name where a spec is silent."""
     connection: Connection = field(default_factory=Connection)
     """Where the API server is."""
+    concurrent_reconciles: int = DEFAULT_CONCURRENT_RECONCILES
+    """Deployments applied at the same time (the rest wait their turn; status updates never wait)."""
     verbose: bool = False
     debug: bool = False
 
@@ -76,6 +82,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--proxy-image", help=f"default proxy image ({defaults.proxy_image})")
     p.add_argument("--mooncake-image", help=f"default master and store-client image ({defaults.mooncake_image})")
     p.add_argument("--gpu-resource", help=f"extended resource name of a GPU ({defaults.gpu_resource})")
+    p.add_argument(
+        "--concurrent-reconciles",
+        type=int,
+        help=f"deployments applied at the same time ({DEFAULT_CONCURRENT_RECONCILES})",
+    )
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
     p.add_argument("--context", help="kubeconfig context (default: its current-context)")
     p.add_argument("-v", "--verbose", action="store_true", default=None, help="log more")
@@ -115,6 +126,12 @@ def parse(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Settings:
                 args.mooncake_image or _env(environ, "MOONCAKE_IMAGE", base.mooncake_image) or base.mooncake_image
             ),
             gpu_resource=args.gpu_resource or _env(environ, "GPU_RESOURCE", base.gpu_resource) or base.gpu_resource,
+        ),
+        concurrent_reconciles=max(
+            1,
+            args.concurrent_reconciles
+            if args.concurrent_reconciles is not None
+            else int(_env(environ, "CONCURRENT_RECONCILES", str(DEFAULT_CONCURRENT_RECONCILES)) or 1),
         ),
         connection=Connection(kubeconfig=args.kubeconfig or environ.get("KUBECONFIG"), context=args.context),
         verbose=bool(args.verbose) or _truthy(_env(environ, "VERBOSE")),

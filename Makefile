@@ -11,7 +11,7 @@ KUBECONFIG_PATH := .run/cluster/kubeconfig
 export PATH := $(CURDIR)/$(BIN_DIR):$(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: help setup setup-apt setup-python setup-k8s-tools lint fmt test test-unit test-cluster test-store \
-        cluster-up cluster-down demo bench clean crds
+        cluster-up cluster-down cluster-status demo bench clean crds
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -40,8 +40,8 @@ fmt: setup-python ## format the code
 crds: setup-python ## regenerate crds/ from the API models
 	$(PY) -m epd_operator.api > crds/epddeployments.yaml
 
-test: setup ## every test tier: unit, store (real Mooncake), cluster (real control plane)
-	$(PYTEST)
+test: setup ## every tier but e2e: unit, store (real Mooncake), cluster (real control plane)
+	$(PYTEST) -m "not e2e"
 
 test-unit: setup-python ## the quick pure tests only
 	$(PYTEST) -m unit
@@ -55,10 +55,13 @@ test-cluster: setup ## tests against the local control plane
 cluster-up: setup ## start the local control plane; kubeconfig at .run/cluster/kubeconfig
 	$(PY) -m epd_testenv.cli up
 
+cluster-status: setup-python ## state of the local control plane
+	$(PY) -m epd_testenv.cli status
+
 cluster-down: ## stop the local control plane
 	@if [ -x $(PY) ]; then $(PY) -m epd_testenv.cli down; fi
 
-demo: setup ## bring the cluster up and deploy the sample EPDDeployment
+demo: setup ## bring the cluster up, run the operator and deploy the sample EPDDeployments until Ready
 	$(PY) -m epd_testenv.demo
 
 bench: setup ## every benchmark under bench/

@@ -1,0 +1,220 @@
+"""How fast the operator turns an EPDDeployment into children and into Ready, alone and fifty at once.
+
+On a local control plane of its own (.run/bench-operator: real apiserver, controllers and scheduler, kwok
+nodes with 320 simulated GPUs), with `epd-operator` running as a subprocess on loopback:
+
+1. 20 times, one 2E/1P/1D deployment with a Mooncake store: from the POST to every child existing, and to
+   Ready (all simulated pods Ready). Goals: children p50 < 1 s, Ready p50 < 5 s.
+2. 50 such deployments posted at once: until all 50 are Ready. Goal: < 60 s.
+3. The operator's peak RSS (VmHWM from /proc) over all of it. Goal: < 200 MB.
+
+Prints a table. Only the apiserver and the operator's own metrics/liveness endpoints are ever contacted.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client, config
+
+from epd_operator.api.resource import OperatorDefaults, Owner, parse_spec
+from epd_operator.render import render_desired
+from epd_testenv import cluster, layout, nodes
+
+sys.path.insert(0, str(layout.repo_root()))  # the cluster tests' helpers (Kube, Operator, NodeLeases)
+from tests.cluster.operator_fixtures import (
+    EPD_PATH,
+    NAMESPACE_PREFIX,
+    Kube,
+    NodeLeases,
+    Operator,
+    condition,
+    example,
+)
+
+STATE_DIR = layout.repo_root() / ".run" / "bench-operator"
+RUNS = 20
+AT_ONCE = 50
+NAMESPACE = f"{NAMESPACE_PREFIX}bench"
+POOL = nodes.NodePool(count=16, gpus=32)
+"""512 GPUs and 1,760 pod slots: room for the 21 sequential runs, the 50 at once and the 50 of the control-plane
+floor (4 GPUs and 7 pods each), none deleted before the end."""
+GOALS = {"children": 1.0, "ready": 5.0, "fifty": 60.0, "rss_mb": 200.0}
+
+
+def spec(name: str) -> dict[str, Any]:
+    """Two encoders, one prefill, one decode, a standalone store with one small client, one proxy."""
+    doc = example(layout.repo_root() / "examples" / "e-p-d-store-offload.yaml", NAMESPACE, name)
+    s = doc["spec"]
+    s["encoder"]["replicas"] = 2
+    s["prefill"].update(replicas=1, additionalPools=[])
+    s["decode"].update(replicas=1, tensorParallelSize=1)
+    s["store"]["clients"].update(replicas=1, segmentSize="4GiB")
+    return doc
+
+
+def ready(live: dict[str, Any]) -> bool:
+    return condition(live, "Ready").get("status") == "True"
+
+
+def one_run(kube: Kube, name: str, children: int) -> tuple[float, float]:
+    """Seconds from the POST to every child existing, and to Ready."""
+    proxy = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{name}-proxy"
+    path = EPD_PATH.format(ns=NAMESPACE) + f"/{name}"
+    began = time.perf_counter()
+    kube.request("POST", EPD_PATH.format(ns=NAMESPACE), spec(name))
+    created = ready_at = 0.0
+    while not ready_at:
+        now = time.perf_counter() - began
+        # The proxy Deployment is applied last; the full list is checked once it exists.
+        if not created and kube.find(proxy) is not None:
+            created = now
+        if ready(kube.get(path)):
+            ready_at = time.perf_counter() - began
+        if now > 120:
+            raise RuntimeError(f"{name} not Ready within 120 s")
+        time.sleep(0.01)
+    found = len(kube.children(NAMESPACE, name))
+    if found != children:
+        raise RuntimeError(f"{name}: {found} children, expected {children}")
+    return created, ready_at
+
+
+def fifty(kube: Kube) -> float:
+    began = time.perf_counter()
+    for i in range(AT_ONCE):
+        kube.request("POST", EPD_PATH.format(ns=NAMESPACE), spec(f"many-{i}"))
+    while True:
+        items = kube.items(EPD_PATH.format(ns=NAMESPACE))
+        if sum(1 for x in items if x["metadata"]["name"].startswith("many-") and ready(x)) == AT_ONCE:
+            return time.perf_counter() - began
+        if time.perf_counter() - began > 300:
+            raise RuntimeError(f"{AT_ONCE} deployments not Ready within 300 s")
+        time.sleep(0.25)
+
+
+def floor(kube: Kube) -> float:
+    """The control plane alone: the same 50 deployments' objects applied directly (8 at a time, no operator),
+    until every workload is ready. The operator cannot beat this; the difference is its own cost."""
+    namespace = f"{NAMESPACE_PREFIX}floor"  # watched by no operator here (it is stopped first)
+    kube.request(
+        "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+    )
+    objects = []
+    for i in range(AT_ONCE):
+        doc = spec(f"floor-{i}")
+        desired = render_desired(
+            Owner(doc["metadata"]["name"], namespace, f"uid-{i}"), parse_spec(doc["spec"]), OperatorDefaults()
+        )
+        for obj in desired.objects:
+            obj["metadata"].pop("ownerReferences")  # no owner exists
+            objects.append(obj)
+    workloads = sum(1 for o in objects if o["kind"] in ("Deployment", "StatefulSet"))
+    began = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(kube.apply, objects))
+    while True:
+        listed = [
+            *kube.items(f"/apis/apps/v1/namespaces/{namespace}/deployments"),
+            *kube.items(f"/apis/apps/v1/namespaces/{namespace}/statefulsets"),
+        ]
+        done = sum(1 for w in listed if (w.get("status") or {}).get("readyReplicas", 0) >= w["spec"]["replicas"])
+        if done == workloads:
+            return time.perf_counter() - began
+        if time.perf_counter() - began > 300:
+            raise RuntimeError("the control plane alone did not make the workloads ready within 300 s")
+        time.sleep(0.25)
+
+
+def p95(values: list[float]) -> float:
+    return statistics.quantiles(values, n=20, method="inclusive")[18]
+
+
+def main() -> int:
+    local = cluster.Cluster(STATE_DIR, cluster.Settings(pool=POOL))
+    local.up()
+    operator: Operator | None = None
+    try:
+        configuration = client.Configuration()
+        config.load_kube_config(config_file=str(local.kubeconfig), client_configuration=configuration)  # type: ignore[no-untyped-call]
+        kube = Kube(client.ApiClient(configuration))
+        leases = NodeLeases(kube).start()
+        crd = (layout.repo_root() / "crds" / "epddeployments.yaml").read_text()
+        kube.request(
+            "PATCH",
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/epddeployments.epd.serving.io"
+            "?fieldManager=bench&force=true",
+            yaml.safe_load(crd),
+            "application/apply-patch+yaml",
+        )
+        time.sleep(2.0)  # the CRD's storage comes up a moment after it is established
+        kube.request(
+            "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+        )
+        log = Path(tempfile.mkdtemp(prefix="epd-bench-operator-")) / "operator.log"
+        operator = Operator(local.kubeconfig, log)
+        operator.start()
+        owner = Owner("x", NAMESPACE, "u")
+        children = len(render_desired(owner, parse_spec(spec("x")["spec"]), OperatorDefaults()).objects)
+        one_run(kube, "warmup", children)  # the first one pays for watch streams and connection set-up
+        runs = [one_run(kube, f"run-{i}", children) for i in range(RUNS)]
+        created = [r[0] for r in runs]
+        became_ready = [r[1] for r in runs]
+        all_fifty = fifty(kube)
+        rss_mb = operator.rss_kib() / 1024
+        metrics = operator.metrics()
+        operator.stop()
+        control_plane = floor(kube)
+        leases.stop()
+    finally:
+        if operator is not None:
+            operator.stop()
+        local.down()
+
+    mean_reconcile = (
+        metrics["epd_operator_reconcile_duration_seconds_sum"]
+        / metrics["epd_operator_reconcile_duration_seconds_count"]
+    )
+    rows = [
+        (
+            f"children created ({children} objects)",
+            statistics.median(created),
+            p95(created),
+            "p50 < 1 s",
+            GOALS["children"] > statistics.median(created),
+        ),
+        (
+            "Ready (all pods Ready)",
+            statistics.median(became_ready),
+            p95(became_ready),
+            "p50 < 5 s",
+            GOALS["ready"] > statistics.median(became_ready),
+        ),
+        (f"{AT_ONCE} deployments at once -> all Ready", all_fifty, None, "< 60 s", GOALS["fifty"] > all_fifty),
+        ("operator peak RSS (MB)", rss_mb, None, "< 200 MB", GOALS["rss_mb"] > rss_mb),
+    ]
+    print(f"\noperator benchmark: {RUNS} runs of a 2E/1P/1D deployment with a store; {POOL.count} kwok nodes")
+    print(f"{'measure':44} {'p50 / value':>12} {'p95':>8}  {'goal':10} met")
+    for label, value, high, goal, met in rows:
+        unit = "" if "RSS" in label else " s"
+        p95_text = f"{high:.2f}{unit}" if high is not None else "-"
+        print(f"{label:44} {value:>10.2f}{unit:2} {p95_text:>8}  {goal:10} {'yes' if met else 'NO'}")
+    count = metrics["epd_operator_reconcile_duration_seconds_count"]
+    print(f"mean reconcile (operator metric): {mean_reconcile * 1000:.0f} ms over {count:.0f} reconciles")
+    print(f"status writes: {metrics.get('epd_operator_status_writes_total', 0):.0f}")
+    print(
+        f"control-plane floor: the same {AT_ONCE} deployments' objects applied directly, no operator: "
+        f"all workloads ready in {control_plane:.1f} s (the operator's cost is the difference)"
+    )
+    return 0 if all(r[4] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

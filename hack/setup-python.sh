@@ -15,5 +15,5 @@ echo "setup-python: preparing $venv"
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip
 "$venv/bin/pip" install -q -r requirements-dev.txt \
-  -e "connectors[discovery,store]" -e operator -e tools/testenv
+  -e "connectors[discovery,proxy,store]" -e operator -e tools/testenv
 echo "$want" > "$stamp"

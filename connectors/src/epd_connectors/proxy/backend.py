@@ -1,0 +1,104 @@
+"""Talking HTTP to vLLM instances: one pooled aiohttp session, JSON in and out, errors mapped at the edge.
+
+Each call raises only the proxy's own errors (`errors.from_client_error`): 5xx and unreachable instances are
+`BackendUnavailableError` (retryable), 4xx `BackendRejectedError` (the client's fault, passed through). Pooled
+keep-alive connections are retired before vLLM's own 5 s idle limit, so a reused socket is never one the
+server has already closed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+import orjson
+
+from epd_connectors.proxy.errors import BackendRejectedError, BackendUnavailableError, from_client_error
+from epd_connectors.proxy.settings import Timeouts
+
+KEEPALIVE_S = 2.5
+"""Seconds an idle pooled connection is kept: half of vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE default (5 s)."""
+JSON_HEADERS = {"content-type": "application/json"}
+
+
+def dumps(value: Any) -> bytes:
+    return orjson.dumps(value)
+
+
+def loads(data: bytes | str) -> Any:
+    return orjson.loads(data)
+
+
+class Backend:
+    """The proxy's HTTP client; `start` in the app's lifespan, `close` at its end."""
+
+    def __init__(self, timeouts: Timeouts) -> None:
+        self._timeouts = timeouts
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S, enable_cleanup_closed=False)
+        timeout = aiohttp.ClientTimeout(total=None, connect=self._timeouts.connect)
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=timeout, auto_decompress=False, skip_auto_headers=("User-Agent",)
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("Backend.start() was not awaited")
+        return self._session
+
+    async def open(
+        self, url: str, body: Mapping[str, Any], *, role: str, headers: Mapping[str, str] | None = None
+    ) -> aiohttp.ClientResponse:
+        """POST JSON and return the response once its headers arrived with a 2xx status; the caller releases it.
+
+        5xx -> BackendUnavailableError, 4xx -> BackendRejectedError (with the backend's body), transport errors mapped.
+        """
+        try:
+            response = await self.session.post(url, data=dumps(body), headers={**JSON_HEADERS, **(headers or {})})
+        except Exception as exc:
+            raise from_client_error(exc, role, url) from exc
+        if response.status < 400:
+            return response
+        try:
+            payload = await response.read()
+        except Exception as exc:
+            raise from_client_error(exc, role, url) from exc
+        finally:
+            response.release()
+        text = payload[:500].decode(errors="replace")
+        if response.status >= 500:
+            raise BackendUnavailableError(f"{role} {url} answered {response.status}: {text}")
+        raise BackendRejectedError(f"{role} {url} answered {response.status}: {text}", response.status, payload)
+
+    async def post_json(
+        self, url: str, body: Mapping[str, Any], *, role: str, headers: Mapping[str, str] | None = None
+    ) -> Any:
+        """POST JSON and return the parsed JSON answer (2xx only)."""
+        response = await self.open(url, body, role=role, headers=headers)
+        try:
+            data = await response.read()
+        except Exception as exc:
+            raise from_client_error(exc, role, url) from exc
+        finally:
+            response.release()
+        try:
+            return loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise BackendUnavailableError(f"{role} {url} answered with invalid JSON") from exc
+
+    async def get(self, url: str, *, role: str) -> tuple[int, bytes]:
+        """GET; the status and body, transport errors mapped."""
+        try:
+            async with self.session.get(url) as response:
+                return response.status, await response.read()
+        except Exception as exc:
+            raise from_client_error(exc, role, url) from exc

@@ -1,0 +1,162 @@
+"""`epd-proxy`: the proxy's command line; `epd-launch proxy` runs it with `--bundle PATH`.
+
+The roster comes from the bundle's peers and/or flags (`--encoder`, `--pd`, `--prefill`, `--decode`, repeated);
+`--discover` watches the roles' Services' EndpointSlices instead (Kubernetes client extra). Served by uvicorn
+(httptools and uvloop when installed), without an access log: the proxy is on every request's path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from epd_connectors.config.base import ConfigError
+from epd_connectors.config.bundle import load_bundle
+from epd_connectors.proxy import settings as s
+from epd_connectors.proxy.app import Discovery, ProxyApp
+from epd_connectors.proxy.discovery_slices import RoleWatch
+from epd_connectors.proxy.roster import Roster
+from epd_connectors.proxy.static import StaticRoster, from_peers, watches_from_peers
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="epd-proxy", description="OpenAI-compatible E/P/D proxy for vLLM")
+    p.add_argument("--bundle", type=Path, help="the proxy role's bundle (peers and listener)")
+    p.add_argument("--host", help="listen address (bundle proxy.host, else 0.0.0.0)")
+    p.add_argument("--port", type=int, help="listen port (bundle proxy.port, else 8000)")
+    for flag, what in (("encoder", "encoder"), ("prefill", "prefill"), ("decode", "decode"), ("pd", "combined PD")):
+        p.add_argument(f"--{flag}", action="append", default=[], metavar="URL", help=f"{what} base URL (repeat)")
+    p.add_argument(
+        "--ec-consumer",
+        action="append",
+        default=[],
+        metavar="tcp://HOST:PORT",
+        help="EC control address per consumer and DP replica, in consumer order (ECMooncakeConnector)",
+    )
+    p.add_argument(
+        "--prefill-bootstrap-port",
+        action="append",
+        type=int,
+        default=[],
+        metavar="PORT",
+        help="MooncakeConnector bootstrap port per prefill (or one for all)",
+    )
+    p.add_argument("--kv-protocol", choices=[k.value for k in s.KVProtocol], default=s.KVProtocol.PASSIVE.value)
+    p.add_argument("--no-encoder-affinity", action="store_true", help="spread media by load, not by content hash")
+    p.add_argument("--retries", type=int, default=s.DEFAULT_RETRIES)
+    p.add_argument("--encoder-batch-max", type=int, default=s.DEFAULT_ENCODER_BATCH_MAX)
+    p.add_argument("--connect-timeout", type=float, default=s.DEFAULT_CONNECT_TIMEOUT_S)
+    p.add_argument("--encode-timeout", type=float, default=s.DEFAULT_ENCODE_TIMEOUT_S)
+    p.add_argument("--prefill-timeout", type=float, default=s.DEFAULT_PREFILL_TIMEOUT_S)
+    p.add_argument("--first-token-timeout", type=float, default=s.DEFAULT_FIRST_TOKEN_TIMEOUT_S)
+    p.add_argument("--total-timeout", type=float, default=s.DEFAULT_TOTAL_TIMEOUT_S)
+    p.add_argument("--probe-interval", type=float, default=s.DEFAULT_PROBE_INTERVAL_S)
+    p.add_argument("--discover", action="store_true", help="follow the roles' EndpointSlices (needs the bundle)")
+    p.add_argument("--ec-port", type=int, help="discovery: consumers' EC base control port (push connector)")
+    p.add_argument("--ec-tp-size", type=int, default=1)
+    p.add_argument("--ec-dp-size", type=int, default=1)
+    p.add_argument("--log-level", default="warning")
+    return p
+
+
+def options_from(args: argparse.Namespace, affinity_default: bool) -> s.ProxyOptions:
+    return s.ProxyOptions(
+        timeouts=s.Timeouts(
+            connect=args.connect_timeout,
+            encode=args.encode_timeout,
+            prefill=args.prefill_timeout,
+            first_token=args.first_token_timeout,
+            total=args.total_timeout,
+        ),
+        limits=s.Limits(
+            retries=max(0, args.retries),
+            encoder_batch_max=max(1, args.encoder_batch_max),
+            probe_interval_s=args.probe_interval,
+        ),
+        encoder_affinity=affinity_default and not args.no_encoder_affinity,
+        kv_protocol=s.KVProtocol(args.kv_protocol),
+    )
+
+
+def build(argv: Sequence[str] | None = None) -> tuple[ProxyApp, str, int, str]:
+    """The app and where to listen, from the command line; SystemExit with one line on a bad configuration."""
+    args = parser().parse_args(argv)
+    host, port, affinity = "0.0.0.0", 8000, True
+    static = StaticRoster()
+    discovery: Discovery | None = None
+    try:
+        if args.bundle is not None:
+            bundle = load_bundle(args.bundle)
+            if bundle.proxy is not None:
+                host, port, affinity = bundle.proxy.host, bundle.proxy.port, bundle.proxy.encoder_affinity
+            static = from_peers(bundle.peers)
+            if args.discover:
+                watches = watches_from_peers(
+                    bundle.peers,
+                    ec_port=args.ec_port,
+                    ec_tp=args.ec_tp_size,
+                    ec_dp=args.ec_dp_size,
+                    bootstrap_port=args.prefill_bootstrap_port[0] if args.prefill_bootstrap_port else None,
+                )
+                discovery = _discovery(bundle.namespace, watches)
+        elif args.discover:
+            raise ValueError("--discover needs --bundle (the Services come from its peers)")
+        static = StaticRoster(
+            encoders=args.encoder or static.encoders,
+            prefill=args.prefill or static.prefill,
+            decode=args.decode or static.decode,
+            pd=args.pd or static.pd,
+            ec_consumers=args.ec_consumer or static.ec_consumers,
+            bootstrap_ports=args.prefill_bootstrap_port,
+        )
+        specs = static.specs()
+    except (ConfigError, ValueError) as exc:
+        raise SystemExit(f"epd-proxy: {exc}") from exc
+    # With discovery the roles come from the bundle, the members from the EndpointSlices.
+    roster = Roster.build({role: [] for role in specs} if discovery is not None else specs)
+    app = ProxyApp(roster, options_from(args, affinity), discovery=discovery)
+    return app, args.host or host, args.port or port, args.log_level
+
+
+def _discovery(namespace: str, watches: list[RoleWatch]) -> Discovery:
+    from epd_connectors.proxy.discovery import kubernetes_discovery  # noqa: PLC0415 - only with --discover
+
+    return kubernetes_discovery(namespace, watches)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    app, host, port, level = build(argv)
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import uvicorn  # noqa: PLC0415 - the server only when serving; build() stays importable without it
+
+    loop = "uvloop" if _has("uvloop") else "asyncio"
+    http = "httptools" if _has("httptools") else "h11"
+    print(
+        f"epd-proxy: listening on {host}:{port} roles={sorted(r.value for r in app.roster.roles)}",
+        file=sys.stderr,
+        flush=True,
+    )
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        loop=loop,
+        http=http,
+        access_log=False,
+        log_level=level,
+        lifespan="on",
+        timeout_keep_alive=75,
+    )
+    return 0
+
+
+def _has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

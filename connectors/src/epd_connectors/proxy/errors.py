@@ -1,0 +1,88 @@
+"""The proxy's own error types, and the one place where HTTP-client errors become them.
+
+Every failure the client can see is a `ProxyError` with an HTTP status and an OpenAI-style error body, so the
+ASGI layer has one way to answer, and the flow decides retries on `retryable` instead of on aiohttp classes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+
+class ProxyError(Exception):
+    """A failure with the status and message the client gets."""
+
+    status = 500
+    kind = "internal_error"
+    retryable = False
+    """True when another instance of the same role may succeed (nothing reached the client yet)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.role_of_failure: object = None
+        """Set when a nested stage failed (an encoder under a consumer attempt): the outer retry loop then
+        does not blame its own instance."""
+
+    def body(self) -> dict[str, object]:
+        """The OpenAI-shaped error object."""
+        return {"error": {"message": self.message, "type": self.kind, "code": self.status}}
+
+
+class BadRequestError(ProxyError):
+    """The request cannot be served as sent; the message says what to change."""
+
+    status = 400
+    kind = "invalid_request_error"
+
+
+class NoInstanceError(ProxyError):
+    """No healthy instance of a role the request needs."""
+
+    status = 503
+    kind = "service_unavailable"
+
+
+class BackendUnavailableError(ProxyError):
+    """An instance could not be reached, or answered 5xx before any byte went to the client."""
+
+    status = 502
+    kind = "bad_gateway"
+    retryable = True
+
+    def __init__(self, message: str, *, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
+        """True when no connection could be made: the instance is taken out of routing until a probe passes."""
+
+
+class BackendRejectedError(ProxyError):
+    """An instance answered 4xx: the request is at fault, not the instance, so it is not retried."""
+
+    kind = "backend_rejected"
+
+    def __init__(self, message: str, status: int, payload: bytes) -> None:
+        super().__init__(message)
+        self.status = status
+        self.payload = payload
+
+
+class StageTimeoutError(ProxyError):
+    """A stage took longer than its timeout."""
+
+    status = 504
+    kind = "timeout"
+
+
+def from_client_error(exc: BaseException, role: str, url: str) -> ProxyError:
+    """Our error for an exception raised while talking to `url` (a `role` instance)."""
+    if isinstance(exc, ProxyError):
+        return exc
+    if isinstance(exc, TimeoutError | asyncio.TimeoutError | aiohttp.ServerTimeoutError):
+        return StageTimeoutError(f"{role} {url} did not answer in time")
+    if isinstance(exc, aiohttp.ClientError | OSError):
+        connect = isinstance(exc, aiohttp.ClientConnectorError | ConnectionRefusedError)
+        return BackendUnavailableError(f"{role} {url} failed: {type(exc).__name__}: {exc}", unreachable=connect)
+    return ProxyError(f"{role} {url}: {type(exc).__name__}: {exc}")

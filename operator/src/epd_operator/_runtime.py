@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +80,14 @@ def _trim(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+PostEvent = Callable[[str, kopf.Body, str, str], None]
+"""(level "info" or "warn", the EPDDeployment, reason, message): posts a Kubernetes Event."""
+
+
+def post_with_kopf(level: str, ref: kopf.Body, reason: str, message: str) -> None:
+    (kopf.warn if level == "warn" else kopf.info)(ref, reason=reason, message=message)
+
+
 class Runtime:
     """The state of one operator process."""
 
@@ -95,10 +103,14 @@ class Runtime:
         # another, so the pods of the first start while the rest are still being applied.
         self._syncs = asyncio.Semaphore(concurrent_syncs)
         self._tasks: set[asyncio.Task[None]] = set()
+        self.post_event: PostEvent = post_with_kopf
         self.deployments: dict[Key, Tracked] = {}
         self.workloads: dict[tuple[str, str, str], dict[str, Any]] = {}
         """(kind, namespace, name) -> the workload as last seen."""
         self.applied = apply.Applied()
+
+    def _event(self, tracked: Tracked, level: str, reason: str, message: str) -> None:
+        self.post_event(level, tracked.ref, reason, message[:1000])
 
     def track(self, body: Mapping[str, Any]) -> Tracked:
         owner = _owner(body)
@@ -152,7 +164,7 @@ class Runtime:
             except _kube.KubeError as exc:
                 self.metrics.reconciles.labels("error").inc()
                 self.metrics.errors.labels(type(exc).__name__).inc()
-                kopf.warn(tracked.ref, reason="ApplyFailed", message=str(exc)[:1000])
+                self._event(tracked, "warn", reason="ApplyFailed", message=str(exc))
                 if exc.retryable:
                     raise kopf.TemporaryError(str(exc), delay=RETRY_DELAY_S) from exc
                 raise kopf.PermanentError(str(exc)) from exc
@@ -169,14 +181,14 @@ class Runtime:
             desired = render_desired(tracked.owner, parse_spec(raw_spec), self.defaults)
         except InvalidSpecError as exc:
             if exc.problems != tracked.problems:
-                kopf.warn(tracked.ref, reason="InvalidSpec", message=str(exc)[:1000])
+                self._event(tracked, "warn", reason="InvalidSpec", message=str(exc))
             tracked.problems = list(exc.problems)
             self.metrics.errors.labels("InvalidSpec").inc()
             log.warning("%s/%s: invalid spec, children left as they are: %s", *_key(tracked), exc)
             await self.publish(tracked)
             return "invalid"
         if tracked.problems:
-            kopf.info(tracked.ref, reason="SpecValid", message="the spec is valid again; applying it")
+            self._event(tracked, "info", reason="SpecValid", message="the spec is valid again; applying it")
         tracked.problems = []
         async with self._syncs:
             result = await apply.sync(self.client, tracked.owner, desired.objects, self.applied)
@@ -189,7 +201,7 @@ class Runtime:
         )
         if result.changed:
             message = f"{len(result.written)} object(s) created or changed, {len(result.deleted)} pruned"
-            kopf.info(tracked.ref, reason="Applied", message=message)
+            self._event(tracked, "info", reason="Applied", message=message)
         log.info(
             "%s/%s generation %d: %d written, %d pruned, %d no-op applies, %d skipped",
             tracked.owner.namespace,
@@ -232,12 +244,12 @@ class Runtime:
         for flipped in status.flips(tracked.status, new):
             event = f"{flipped.type} is {flipped.status}: {flipped.message}"[:1000]
             if flipped.status == "True" and flipped.type in ANNOUNCED:
-                kopf.info(tracked.ref, reason=flipped.type, message=event)
+                self._event(tracked, "info", reason=flipped.type, message=event)
             elif flipped.status == "False" and not first and flipped.type != c.COND_VALID:  # InvalidSpec said it
                 if flipped.reason in status.PROGRESS_REASONS:
-                    kopf.info(tracked.ref, reason=flipped.reason, message=event)
+                    self._event(tracked, "info", reason=flipped.reason, message=event)
                 else:
-                    kopf.warn(tracked.ref, reason=flipped.reason, message=event)
+                    self._event(tracked, "warn", reason=flipped.reason, message=event)
         tracked.status = new
 
     async def workload_event(self, event_type: str | None, kind: str, body: Mapping[str, Any]) -> None:
@@ -268,7 +280,7 @@ class Runtime:
             try:
                 await self._restore(tracked)
             except _kube.KubeError as exc:  # the next event or reconcile tries again
-                kopf.warn(tracked.ref, reason="RestoreFailed", message=str(exc)[:1000])
+                self._event(tracked, "warn", reason="RestoreFailed", message=str(exc))
         self._refresh_later(tracked)
 
     def _refresh_later(self, tracked: Tracked, delay: float = STATUS_DELAY_S) -> None:
@@ -296,4 +308,6 @@ class Runtime:
             return
         result = await apply.sync(self.client, tracked.owner, tracked.desired.objects, self.applied)
         if result.written:
-            kopf.warn(tracked.ref, reason="Restored", message=f"recreated {len(result.written)} deleted object(s)")
+            self._event(
+                tracked, "warn", reason="Restored", message=f"recreated {len(result.written)} deleted object(s)"
+            )

@@ -1,0 +1,200 @@
+"""How status follows the children, end to end in one process with an in-memory API server: one status write
+per real change, workload states ordered by generation, bursts of events coalesced, invalid specs reported
+without touching a child, and API failures turned into kopf retries."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any, cast
+
+import kopf
+import pytest
+from prometheus_client import CollectorRegistry
+
+from epd_operator import _kube, _runtime, status
+from epd_operator.api import constants as c
+from epd_operator.api.resource import OperatorDefaults
+from epd_operator.metrics import Metrics
+from tests.unit.operator.test_apply import FakeApi
+
+pytestmark = pytest.mark.unit
+
+SPEC: dict[str, Any] = {"model": {"name": "m", "source": {"hostPath": {"path": "/m"}}}}
+"""Encoder, combined PD and proxy: three Deployments, no store."""
+EPD_PATH = f"/apis/{c.API_VERSION}/namespaces/ns/{c.PLURAL}/demo"
+
+
+class Api(FakeApi):
+    """The fake API server, plus the EPDDeployment itself and its status subresource."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.status_writes: list[dict[str, Any]] = []
+        self.epd_exists = True
+        self.fail_applies = False
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Any = None,
+        body: object = None,
+        content_type: str = _kube.JSON,
+    ) -> dict[str, Any]:
+        if path == EPD_PATH + "/status":
+            assert content_type == _kube.JSON_PATCH and isinstance(body, list)
+            self.requests.append((method, path))
+            self.status_writes.append(body[0]["value"])
+            return {}
+        if path == EPD_PATH:
+            if not self.epd_exists:
+                raise _kube.NotFoundError(method, path, 404, "NotFound", "")
+            return {"metadata": {"uid": "uid-1"}}
+        if method == "PATCH" and self.fail_applies:
+            raise _kube.UnavailableError(method, path, 503, "ServiceUnavailable", "busy")
+        return await super().request(method, path, query=query, body=body, content_type=content_type)
+
+
+def body(spec: dict[str, Any] | None = None, generation: int = 1) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "demo", "namespace": "ns", "uid": "uid-1", "generation": generation},
+        "spec": spec or SPEC,
+    }
+
+
+def runtime(api: Api) -> tuple[_runtime.Runtime, list[tuple[str, str]]]:
+    rt = _runtime.Runtime(cast(_kube.Client, api), OperatorDefaults(), Metrics(CollectorRegistry()), 4)
+    events: list[tuple[str, str]] = []
+    rt.post_event = lambda level, ref, reason, message: events.append((level, reason))
+    return rt, events
+
+
+def workload(api: Api, name: str, ready: int | None = None, generation: int | None = None) -> dict[str, Any]:
+    """A Deployment as the watch would report it (from what the fake server holds)."""
+    live = copy.deepcopy(api.objects[f"/apis/apps/v1/namespaces/ns/deployments/{name}"])
+    live.pop("_content")
+    if generation is not None:
+        live["metadata"]["generation"] = generation
+    gen = live["metadata"]["generation"]
+    if ready is not None:
+        replicas = live["spec"]["replicas"]
+        live["status"] = {"observedGeneration": gen, "replicas": replicas, "updatedReplicas": replicas}
+        live["status"]["readyReplicas"] = ready
+    return live
+
+
+def test_reconcile_applies_and_writes_status_once_then_nothing() -> None:
+    api = Api()
+    rt, events = runtime(api)
+
+    async def scenario() -> None:
+        await rt.reconcile(body())
+        assert len(api.status_writes) == 1
+        first = api.status_writes[0]
+        assert first["phase"] == "Pending" and first["observedGeneration"] == 1
+        assert first["rolesReady"] == {"encoder": "0/1", "pd": "0/1", "proxy": "0/1"}
+        api.requests.clear()
+        await rt.reconcile(body())
+        assert api.writes() == []  # nothing re-sent, status unchanged
+
+    asyncio.run(scenario())
+    assert events == [("info", "Applied"), ("info", c.COND_VALID)]
+    assert rt.metrics.registry.get_sample_value("epd_operator_reconciles_total", {"outcome": "unchanged"}) == 1
+
+
+def test_workload_events_drive_status_to_ready_in_one_coalesced_write() -> None:
+    api = Api()
+    rt, events = runtime(api)
+
+    async def scenario() -> None:
+        await rt.reconcile(body())
+        for name in ("demo-encoder", "demo-pd", "demo-proxy"):
+            await rt.workload_event("MODIFIED", "Deployment", workload(api, name, ready=1))
+        assert len(api.status_writes) == 1  # the burst waits for the coalescing window
+        await asyncio.sleep(_runtime.STATUS_DELAY_S + 0.2)
+        assert len(api.status_writes) == 2
+        ready = status.parse(api.status_writes[-1])
+        assert ready.phase == "Ready" and ready.roles_ready["pd"] == "1/1"
+
+    asyncio.run(scenario())
+    assert ("info", c.COND_READY) in events
+
+
+def test_an_older_state_never_replaces_a_newer_one() -> None:
+    api = Api()
+    rt, _ = runtime(api)
+    asyncio.run(rt.reconcile(body()))
+    key = ("Deployment", "ns", "demo-encoder")
+    watched = workload(api, "demo-encoder", ready=1, generation=2)
+    rt._remember(key, watched, watched=True)
+    rt._remember(key, workload(api, "demo-encoder", generation=2), watched=False)  # a late apply answer
+    assert rt.workloads[key]["status"]["readyReplicas"] == 1
+    rt._remember(key, workload(api, "demo-encoder", ready=0, generation=1), watched=True)  # a lagging watch
+    assert rt.workloads[key]["metadata"]["generation"] == 2
+    rt._remember(key, workload(api, "demo-encoder", generation=3), watched=False)  # our apply bumped it
+    assert rt.workloads[key]["metadata"]["generation"] == 3
+    recreated = workload(api, "demo-encoder", ready=0, generation=1)
+    recreated["metadata"]["uid"] = "another"
+    rt._remember(key, recreated, watched=True)
+    assert rt.workloads[key]["metadata"]["uid"] == "another"
+
+
+def test_invalid_spec_reports_and_touches_no_child() -> None:
+    api = Api()
+    rt, events = runtime(api)
+    bad = {**SPEC, "encoder": {"crossEncoderCache": {"enabled": True}}}  # reuse without a store
+
+    async def scenario() -> None:
+        await rt.reconcile(body(bad))
+        await rt.reconcile(body(bad))
+
+    asyncio.run(scenario())
+    assert api.writes() == [("PATCH", EPD_PATH + "/status")]
+    st = status.parse(api.status_writes[0])
+    assert st.phase == "Invalid"
+    assert "spec.encoder.crossEncoderCache.enabled" in next(x.message for x in st.conditions if x.type == "Valid")
+    assert events == [("warn", "InvalidSpec")], "one warning, not one per retry"
+
+
+def test_deleted_workload_of_a_gone_owner_is_not_recreated() -> None:
+    api = Api()
+    rt, _ = runtime(api)
+
+    async def scenario() -> None:
+        await rt.reconcile(body())
+        gone = workload(api, "demo-encoder")
+        api.epd_exists = False
+        api.requests.clear()
+        await rt.workload_event("DELETED", "Deployment", gone)
+
+    asyncio.run(scenario())
+    assert api.writes() == []
+    assert rt.deployments == {}
+
+
+def test_deleted_workload_of_a_live_owner_is_recreated() -> None:
+    api = Api()
+    rt, events = runtime(api)
+
+    async def scenario() -> None:
+        await rt.reconcile(body())
+        path = "/apis/apps/v1/namespaces/ns/deployments/demo-encoder"
+        gone = workload(api, "demo-encoder")
+        del api.objects[path]
+        await rt.workload_event("DELETED", "Deployment", gone)
+        assert path in api.objects
+
+    asyncio.run(scenario())
+    assert ("warn", "Restored") in events
+
+
+def test_api_failures_become_kopf_retries() -> None:
+    api = Api()
+    api.fail_applies = True
+    rt, events = runtime(api)
+    with pytest.raises(kopf.TemporaryError):
+        asyncio.run(rt.reconcile(body()))
+    assert events == [("warn", "ApplyFailed")]
+    assert rt.metrics.registry.get_sample_value("epd_operator_reconcile_errors_total", {"reason": "UnavailableError"})

@@ -4,6 +4,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
 VENV      ?= .venv
+VENV_E2E  ?= .venv-e2e
 PY        := $(VENV)/bin/python
 PYTEST    := $(VENV)/bin/pytest
 BIN_DIR   := .cache/bin
@@ -11,7 +12,7 @@ KUBECONFIG_PATH := .run/cluster/kubeconfig
 export PATH := $(CURDIR)/$(BIN_DIR):$(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: help setup setup-apt setup-python setup-k8s-tools lint fmt test test-unit test-cluster test-store \
-        cluster-up cluster-down cluster-status demo bench clean crds
+        setup-e2e test-e2e cluster-up cluster-down cluster-status demo bench clean crds
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -51,6 +52,12 @@ test-store: setup-python setup-apt ## tests against real mooncake_master / moonc
 
 test-cluster: setup ## tests against the local control plane
 	$(PYTEST) -m cluster
+
+setup-e2e: ## .venv-e2e: the CPU build of vLLM (~6 GB, pinned) and the tiny test model (idempotent)
+	@hack/setup-e2e.sh $(VENV_E2E)
+
+test-e2e: setup-python setup-e2e ## tests against real vLLM (CPU build) serving the tiny model
+	EPD_E2E_VENV=$(VENV_E2E) $(PYTEST) -m e2e
 
 cluster-up: setup ## start the local control plane; kubeconfig at .run/cluster/kubeconfig
 	$(PY) -m epd_testenv.cli up

@@ -1,0 +1,362 @@
+"""Real vLLM (the CPU build, from .venv-e2e) serving the project's tiny Qwen2-VL, started through `epd-launch`.
+
+Each instance is a `RoleBundle` built from epd_connectors' models, exactly what the operator renders, run as
+`epd-launch <role> --bundle FILE` with the e2e venv's Python (so `epd-launch` execs that venv's vLLM server). It
+listens on a free loopback port, logs to a file that is printed when it dies or does not become healthy in time,
+and is stopped (its whole process group: the API server and its engine core) at teardown.
+
+The tier is opt-in: its tests are deselected unless the run selects `e2e` (`pytest -m e2e`, `make test-e2e`) or
+names a path under tests/e2e, so `pytest`, `pytest -m unit` and `make test` never need the e2e venv.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import zlib
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from epd_connectors.config.bundle import Role, RoleBundle
+from epd_connectors.config.ec_transfer import ECExampleConnectorConfig
+from epd_connectors.config.vllm import VllmServerConfig
+
+LOOPBACK = "127.0.0.1"
+REPO = Path(__file__).resolve().parents[2]
+E2E_VENV_ENV = "EPD_E2E_VENV"
+E2E_VENV = Path(os.environ.get(E2E_VENV_ENV, REPO / ".venv-e2e"))
+E2E_VENV = E2E_VENV if E2E_VENV.is_absolute() else REPO / E2E_VENV
+TINY_MODEL_SCRIPT = REPO / "tools" / "tinymodel" / "make_tiny_qwen2vl.py"
+SERVED_MODEL = "tiny-qwen2-vl"
+START_DEADLINE_S = float(os.environ.get("EPD_E2E_START_DEADLINE_S", "900"))
+"""An instance answers /health after about a minute on 2 idle cores; several starting at once on a busy box
+take longer."""
+SETUP_HINT = "run `make setup-e2e` (installs the CPU build of vLLM into .venv-e2e and builds the tiny model)"
+
+VLLM_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache per instance; the tiny model needs far less
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # share the cores with the other instances and the tests
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+"""What every vLLM instance gets on top of the test's environment (shared/docs/facts.md)."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect e2e tests unless the run asks for them (`-m` naming e2e, or a path under tests/e2e)."""
+    markexpr = str(config.getoption("markexpr", "") or "")
+    named = any("e2e" in str(arg) for arg in config.args)
+    if "e2e" in markexpr or named:
+        return
+    keep = [item for item in items if item.get_closest_marker("e2e") is None]
+    dropped = [item for item in items if item.get_closest_marker("e2e") is not None]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+
+
+def free_port() -> int:
+    """A port nothing listens on right now (the kernel's pick; a tiny race is acceptable in tests)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+def progress(config: pytest.Config) -> Callable[[str], None]:
+    """Print a line on the terminal even while pytest captures output (instances take a minute to start)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+
+    def say(line: str) -> None:
+        if reporter is not None:
+            reporter.write_line(f"[e2e] {line}")
+        else:  # pragma: no cover - without the terminal reporter
+            print(f"[e2e] {line}", flush=True)
+
+    return say
+
+
+@dataclass
+class Timings:
+    """Wall times the tier measures (printed at the end of the session)."""
+
+    entries: dict[str, float] = field(default_factory=dict)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.entries[name] = seconds
+
+
+TIMINGS = Timings()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if TIMINGS.entries:
+        terminalreporter.section("e2e timings")
+        for name, seconds in TIMINGS.entries.items():
+            terminalreporter.write_line(f"{name:<40} {seconds:8.1f} s")
+
+
+@pytest.fixture(scope="session")
+def e2e_python() -> Path:
+    """The e2e venv's interpreter, or a failure that names the setup step."""
+    python = E2E_VENV / "bin" / "python"
+    if not python.exists() or not (E2E_VENV / ".epd-setup-stamp").exists():
+        pytest.fail(f"the e2e virtualenv {E2E_VENV} is missing or incomplete: {SETUP_HINT}", pytrace=False)
+    return python
+
+
+@pytest.fixture(scope="session")
+def tiny_model(e2e_python: Path) -> Path:
+    """The tiny Qwen2-VL's folder (built once and cached; a few seconds when the script changed)."""
+    started = time.monotonic()
+    result = subprocess.run(
+        [str(e2e_python), str(TINY_MODEL_SCRIPT), "--quiet"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        check=False,
+        timeout=600,
+    )
+    if result.returncode != 0:
+        pytest.fail(f"building the tiny model failed ({SETUP_HINT}):\n{result.stderr[-4000:]}", pytrace=False)
+    TIMINGS.add("tiny model (build or cache hit)", time.monotonic() - started)
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+@dataclass
+class VllmInstance:
+    """One vLLM OpenAI server started by `epd-launch` from a bundle."""
+
+    name: str
+    bundle: RoleBundle
+    popen: subprocess.Popen[bytes]
+    log: Path
+    started: float
+
+    @property
+    def port(self) -> int:
+        assert self.bundle.vllm is not None
+        return self.bundle.vllm.port
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def tail(self, lines: int = 60) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def post(self, path: str, body: dict[str, Any], timeout_s: float = 120.0) -> dict[str, Any]:
+        """POST JSON; the parsed answer, or a failure with the status, the body and the log's tail."""
+        request = urllib.request.Request(
+            f"{self.url}{path}",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:
+                answer: dict[str, Any] = json.loads(response.read())
+                return answer
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:2000]
+            pytest.fail(f"{self.name}: POST {path} -> HTTP {exc.code}: {detail}\n--- log ---\n{self.tail()}")
+
+    def stop(self) -> None:
+        """SIGTERM to the process group (API server and engine core), SIGKILL after 20 s."""
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(timeout=20)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signal.SIGKILL)  # stragglers of the group, if any
+        self.popen.wait(timeout=10)
+
+
+def vllm_bundle(name: str, server: VllmServerConfig, ec: ECExampleConnectorConfig | None = None) -> RoleBundle:
+    """The bundle the operator would render for one vLLM role of a deployment called e2e."""
+    role = {"encoder": Role.ENCODER, "prefill": Role.PREFILL, "decode": Role.DECODE, "pd": Role.PD}[server.role]
+    return RoleBundle(deployment=f"e2e-{name}", role=role, vllm=server, ec_transfer=ec)
+
+
+def tiny_server(model: Path, role: str, **overrides: Any) -> VllmServerConfig:
+    """The server settings every e2e instance shares: loopback, a free port, bf16, 32-token blocks."""
+    settings: dict[str, Any] = {
+        "role": role,
+        "model": str(model),
+        "served_model_name": SERVED_MODEL,
+        "host": LOOPBACK,
+        "port": free_port(),
+        "dtype": "bfloat16",
+        "block_size": 32,
+        "extra_args": ("--max-model-len", "2048", "--seed", "0"),
+    }
+    settings.update(overrides)
+    return VllmServerConfig.model_validate(settings)
+
+
+class Launcher:
+    """Starts instances through `epd-launch`, waits for them together, stops them all at the end."""
+
+    def __init__(self, python: Path, workdir: Path, say: Callable[[str], None]) -> None:
+        self.python = python
+        self.workdir = workdir
+        self.say = say
+        self.instances: list[VllmInstance] = []
+
+    def start(self, name: str, bundle: RoleBundle) -> VllmInstance:
+        folder = self.workdir / name
+        folder.mkdir(parents=True, exist_ok=True)
+        bundle_path = folder / "bundle.json"
+        bundle_path.write_text(bundle.to_json(), encoding="utf-8")
+        log = folder / "vllm.log"
+        env = {
+            **os.environ,
+            **VLLM_ENV,
+            "PATH": f"{self.python.parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            "VIRTUAL_ENV": str(self.python.parent.parent),
+        }
+        argv = [str(self.python), "-m", "epd_connectors.launch.cli", bundle.role.value]
+        argv += ["--bundle", str(bundle_path), "--workdir", str(folder / "launch")]
+        with log.open("wb") as out:
+            popen = subprocess.Popen(  # stopped by stop(); a new session so the group can be signalled
+                argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=folder, start_new_session=True
+            )
+        instance = VllmInstance(name, bundle, popen, log, time.monotonic())
+        self.instances.append(instance)
+        self.say(f"{name}: started {bundle.role.value} on port {instance.port} (log {log})")
+        return instance
+
+    def wait_healthy(self, instances: list[VllmInstance], deadline_s: float = START_DEADLINE_S) -> None:
+        """Wait until every instance answers /health; progress every 15 s; fail with the log of the culprit."""
+        pending = list(instances)
+        last_note = time.monotonic()
+        while pending:
+            for instance in list(pending):
+                elapsed = time.monotonic() - instance.started
+                if instance.healthy():
+                    pending.remove(instance)
+                    TIMINGS.add(f"start {instance.name}", elapsed)
+                    self.say(f"{instance.name}: healthy after {elapsed:.0f}s")
+                elif not instance.alive():
+                    pytest.fail(
+                        f"{instance.name} exited with {instance.popen.returncode} before it was healthy; "
+                        f"log {instance.log}:\n{instance.tail()}",
+                        pytrace=False,
+                    )
+                elif elapsed > deadline_s:
+                    pytest.fail(
+                        f"{instance.name} not healthy after {deadline_s:.0f}s; log {instance.log}:\n{instance.tail()}",
+                        pytrace=False,
+                    )
+            if pending and time.monotonic() - last_note > 15:
+                last_note = time.monotonic()
+                names = ", ".join(f"{i.name} ({time.monotonic() - i.started:.0f}s)" for i in pending)
+                self.say(f"waiting for /health: {names}")
+            time.sleep(0.5)
+
+    def stop_all(self) -> None:
+        with ThreadPoolExecutor(max_workers=max(1, len(self.instances))) as pool:
+            list(pool.map(lambda i: i.stop(), self.instances))
+
+
+@dataclass
+class Fleet:
+    """The instances the tier shares: a plain baseline, and an encoder with its PD consumer (ECExampleConnector
+    over a shared folder)."""
+
+    baseline: VllmInstance
+    encoder: VllmInstance
+    pd: VllmInstance
+    ec_folder: Path
+
+
+@pytest.fixture(scope="session")
+def fleet(
+    request: pytest.FixtureRequest, e2e_python: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Fleet]:
+    """Start the three instances at once (about a minute each on 2 cores), share them for the whole session."""
+    say = progress(request.config)
+    workdir = tmp_path_factory.mktemp("vllm")
+    ec_folder = workdir / "ec-shared"
+    ec_folder.mkdir()
+    launcher = Launcher(e2e_python, workdir, say)
+    started = time.monotonic()
+    try:
+        shared = {"shared_storage_path": str(ec_folder)}
+        baseline = launcher.start("baseline", vllm_bundle("baseline", tiny_server(tiny_model, "pd")))
+        encoder = launcher.start(
+            "encoder",
+            vllm_bundle(
+                "encoder",
+                tiny_server(tiny_model, "encoder"),
+                ECExampleConnectorConfig(ec_role="ec_producer", ec_connector_extra_config=shared),
+            ),
+        )
+        pd = launcher.start(
+            "pd",
+            vllm_bundle(
+                "pd",
+                tiny_server(tiny_model, "pd"),
+                ECExampleConnectorConfig(ec_role="ec_consumer", ec_connector_extra_config=shared),
+            ),
+        )
+        launcher.wait_healthy([baseline, encoder, pd])
+        TIMINGS.add("start all three (wall)", time.monotonic() - started)
+        yield Fleet(baseline=baseline, encoder=encoder, pd=pd, ec_folder=ec_folder)
+    finally:
+        launcher.stop_all()
+        if request.session.testsfailed:
+            for instance in launcher.instances:
+                say(f"--- {instance.name} log tail ({instance.log}) ---\n{instance.tail(40)}")
+
+
+def png_bytes(width: int, height: int, seed: int) -> bytes:
+    """A deterministic RGB PNG (a coloured pattern that depends on the seed), written without Pillow."""
+    rows = bytearray()
+    for y in range(height):
+        rows.append(0)  # filter: none
+        for x in range(width):
+            rows += bytes(((x * 4 + seed * 37) % 256, (y * 4 + seed * 91) % 256, ((x ^ y) * 8 + seed * 13) % 256))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(bytes(rows), 9))
+        + chunk(b"IEND", b"")
+    )
+
+
+def image_data_url(width: int = 64, height: int = 64, seed: int = 0) -> str:
+    return "data:image/png;base64," + base64.b64encode(png_bytes(width, height, seed)).decode()

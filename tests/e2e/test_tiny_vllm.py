@@ -1,0 +1,70 @@
+"""Real vLLM (CPU build) serving the tiny Qwen2-VL: a single instance is deterministic, and an encoder with a PD
+consumer (ECExampleConnector over a shared folder) answers exactly as the single instance does."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import SERVED_MODEL, TIMINGS, Fleet, VllmInstance, image_data_url
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+
+MAX_TOKENS = 12
+
+
+def chat(content: str | list[dict[str, Any]], max_tokens: int = MAX_TOKENS) -> dict[str, Any]:
+    """A greedy chat request that always produces max_tokens tokens (random weights rarely stop by themselves)."""
+    return {
+        "model": SERVED_MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "logprobs": True,
+        "seed": 0,
+    }
+
+
+def with_image(url: str, text: str = "Describe the image.") -> list[dict[str, Any]]:
+    return [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}]
+
+
+def answer(instance: VllmInstance, body: dict[str, Any], label: str) -> tuple[str, list[str]]:
+    """The generated text and its tokens (as the server names them), timing the request."""
+    started = time.monotonic()
+    response = instance.post("/v1/chat/completions", body)
+    TIMINGS.add(f"request {label}", time.monotonic() - started)
+    choice = response["choices"][0]
+    tokens = [entry["token"] for entry in (choice.get("logprobs") or {}).get("content") or []]
+    return str(choice["message"]["content"]), tokens
+
+
+def test_baseline_text_only_is_deterministic(fleet: Fleet) -> None:
+    first = answer(fleet.baseline, chat("Hello, who are you?"), "baseline text")
+    second = answer(fleet.baseline, chat("Hello, who are you?"), "baseline text again")
+    assert len(first[1]) == MAX_TOKENS
+    assert first == second
+
+
+def test_baseline_image_is_deterministic_and_depends_on_the_image(fleet: Fleet) -> None:
+    first = answer(fleet.baseline, chat(with_image(image_data_url(seed=1))), "baseline image")
+    second = answer(fleet.baseline, chat(with_image(image_data_url(seed=1))), "baseline image again")
+    other = answer(fleet.baseline, chat(with_image(image_data_url(seed=2))), "baseline other image")
+    assert len(first[1]) == MAX_TOKENS
+    assert first == second
+    assert other != first, "the output should depend on the image (weights are random with std 0.2)"
+
+
+def test_encoder_then_pd_equals_baseline(fleet: Fleet) -> None:
+    body = chat(with_image(image_data_url(seed=3)))
+    expected = answer(fleet.baseline, body, "baseline (E+PD reference)")
+
+    encoded = fleet.encoder.post("/v1/chat/completions", {**body, "max_tokens": 1})
+    assert encoded["choices"], encoded
+    stored = [p for p in fleet.ec_folder.rglob("*") if p.is_file()]
+    assert stored, f"the encoder wrote nothing into {fleet.ec_folder}"
+
+    assert answer(fleet.pd, body, "E+PD") == expected

@@ -12,7 +12,7 @@ KUBECONFIG_PATH := .run/cluster/kubeconfig
 export PATH := $(CURDIR)/$(BIN_DIR):$(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: help setup setup-apt setup-python setup-k8s-tools lint fmt test test-unit test-cluster test-store \
-        setup-e2e test-e2e cluster-up cluster-down cluster-status demo bench clean crds
+        setup-e2e test-e2e cluster-up cluster-down cluster-status demo bench clean crds images
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -40,6 +40,9 @@ fmt: setup-python ## format the code
 
 crds: setup-python ## regenerate crds/ from the API models
 	$(PY) -m epd_operator.api > crds/epddeployments.yaml
+
+images: ## build the container images (images/); without a Docker engine, say so and build nothing
+	@images/build.sh
 
 test: setup ## every tier but e2e: unit, store (real Mooncake), cluster (real control plane)
 	$(PYTEST) -m "not e2e"

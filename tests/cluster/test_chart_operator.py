@@ -444,3 +444,35 @@ def test_without_the_charts_rbac_the_same_operator_is_refused(
             running.stop()
     finally:
         env.uninstall(system_namespace)
+
+
+def test_upgrade_as_the_readme_says(env: Env, system_namespace: str) -> None:
+    """README's upgrade: the CRDs applied from the chart (helm never upgrades crds/), then helm upgrade."""
+    kube = env.kube
+    env.install(system_namespace)
+    try:
+        crds = run_helm(env, "show", "crds", str(CHART))
+        kubectl = [str(layout.binary("kubectl")), "--kubeconfig", str(env.kubeconfig)]
+        applied = subprocess.run(
+            [*kubectl, "apply", "--server-side", "--force-conflicts", "-f", "-"],
+            input=crds,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert applied.returncode == 0, applied.stderr
+        assert f"customresourcedefinition.apiextensions.k8s.io/{c.PLURAL}.{c.GROUP} serverside-applied" in (
+            applied.stdout
+        )
+        run_helm(env, "upgrade", RELEASE, str(CHART), "-n", system_namespace, "--reuse-values")
+        run_helm(
+            env, "upgrade", RELEASE, str(CHART), "-n", system_namespace, "--reuse-values", "--set", "replicaCount=2"
+        )
+        deployment = kube.get(f"/apis/apps/v1/namespaces/{system_namespace}/deployments/{FULLNAME}")
+        assert deployment["spec"]["replicas"] == 2
+        assert deployment["spec"]["strategy"]["type"] == "RollingUpdate", "peering replicas roll"
+        assert kube.find(f"/apis/kopf.dev/v1/clusterkopfpeerings/{FULLNAME}") is not None
+    finally:
+        env.uninstall(system_namespace)
+    assert kube.find(f"/apis/kopf.dev/v1/clusterkopfpeerings/{FULLNAME}") is None

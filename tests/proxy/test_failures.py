@@ -122,7 +122,13 @@ def test_a_client_that_disconnects_cancels_its_backend_request() -> None:
                     if app.roster.instances()[0].outstanding == 0:
                         break
                     await asyncio.sleep(0.01)
+                pd.delay_s = 0
+                status, _ = await post_json(session, url + "/v1/chat/completions", chat())
+                metrics = await (await session.get(url + "/metrics")).text()
         assert app.roster.instances()[0].outstanding == 0
+        assert status == 200
+        assert 'epd_proxy_requests_total{endpoint="/v1/chat/completions",status="499"} 1.0' in metrics
+        assert 'status="200"} 1.0' in metrics, "a completed response is not taken for a disconnect"
 
     run(main)
 

@@ -137,15 +137,18 @@ class ProxyApp:
             return
         request = ClientRequest(endpoint, body, _request_id(scope))
         self.metrics.in_flight.inc()
-        work = asyncio.create_task(self._serve(request, send))
-        watch = asyncio.create_task(_wait_disconnect(receive))
+        task = asyncio.current_task()
+        assert task is not None
+        exchange = _Exchange(send)
+        watch = asyncio.create_task(_cancel_on_disconnect(receive, task, exchange))
         try:
-            await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
-            if not work.done():
-                work.cancel()  # the client went away: close every backend request made for it
-                self.metrics.requests.labels(endpoint, "499").inc()
-            with contextlib.suppress(asyncio.CancelledError):
-                await work
+            await self._serve(request, exchange.send)
+        except asyncio.CancelledError:
+            if not exchange.gone:
+                raise
+            # The client went away: cancelling closed every backend request made for it.
+            task.uncancel()
+            self.metrics.requests.labels(endpoint, "499").inc()
         finally:
             watch.cancel()
             self.metrics.in_flight.dec()
@@ -236,9 +239,28 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
             return b"".join(parts)
 
 
-async def _wait_disconnect(receive: Receive) -> None:
+class _Exchange:
+    """One request's response side: knows whether the response is complete, because uvicorn's receive() then
+    answers http.disconnect too, which must not be taken for a client that went away."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.complete = False
+        self.gone = False
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            self.complete = True
+        await self._send(message)
+
+
+async def _cancel_on_disconnect(receive: Receive, task: asyncio.Task[Any], exchange: _Exchange) -> None:
+    """Cancel the request's task when its client disconnects before the response is complete."""
     while (await receive())["type"] != "http.disconnect":
         pass
+    if not exchange.complete:
+        exchange.gone = True
+        task.cancel()
 
 
 def _request_id(scope: Scope) -> str:

@@ -126,7 +126,6 @@ class Runtime:
             ref = kopf.Body(raw)
             tracked = Tracked(owner, ref, status.parse(body.get("status")))
             self.deployments[key] = tracked
-        tracked.owner = owner
         return tracked
 
     def _remember(self, key: tuple[str, str, str], body: Mapping[str, Any], *, watched: bool) -> None:
@@ -160,7 +159,7 @@ class Runtime:
         began = time.perf_counter()
         async with tracked.lock:
             try:
-                outcome = await self._reconcile(tracked, body.get("spec") or {})
+                outcome = await self._reconcile(tracked, _owner(body), body.get("spec") or {})
             except _kube.KubeError as exc:
                 self.metrics.reconciles.labels("error").inc()
                 self.metrics.errors.labels(type(exc).__name__).inc()
@@ -176,10 +175,13 @@ class Runtime:
                 self.metrics.duration.observe(time.perf_counter() - began)
         self.metrics.reconciles.labels(outcome).inc()
 
-    async def _reconcile(self, tracked: Tracked, raw_spec: dict[str, Any]) -> str:
+    async def _reconcile(self, tracked: Tracked, owner: Owner, raw_spec: dict[str, Any]) -> str:
+        """The generation in `owner` becomes the one status reports only once it was acted on: applied, or
+        found invalid (a failed apply leaves status at the previous one)."""
         try:
-            desired = render_desired(tracked.owner, parse_spec(raw_spec), self.defaults)
+            desired = render_desired(owner, parse_spec(raw_spec), self.defaults)
         except InvalidSpecError as exc:
+            tracked.owner = owner
             if exc.problems != tracked.problems:
                 self._event(tracked, "warn", reason="InvalidSpec", message=str(exc))
             tracked.problems = list(exc.problems)
@@ -191,8 +193,8 @@ class Runtime:
             self._event(tracked, "info", reason="SpecValid", message="the spec is valid again; applying it")
         tracked.problems = []
         async with self._syncs:
-            result = await apply.sync(self.client, tracked.owner, desired.objects, self.applied)
-        tracked.desired = desired
+            result = await apply.sync(self.client, owner, desired.objects, self.applied)
+        tracked.owner, tracked.desired = owner, desired
         for obj in result.live:
             if obj["kind"] in apply.WORKLOAD_KINDS:
                 self._remember(apply.key_of(obj), obj, watched=False)

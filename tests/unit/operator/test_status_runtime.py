@@ -198,3 +198,21 @@ def test_api_failures_become_kopf_retries() -> None:
         asyncio.run(rt.reconcile(body()))
     assert events == [("warn", "ApplyFailed")]
     assert rt.metrics.registry.get_sample_value("epd_operator_reconcile_errors_total", {"reason": "UnavailableError"})
+
+
+def test_a_failed_apply_keeps_reporting_the_previous_generation() -> None:
+    api = Api()
+    rt, _ = runtime(api)
+
+    async def scenario() -> None:
+        await rt.reconcile(body())
+        api.fail_applies = True
+        with pytest.raises(kopf.TemporaryError):
+            await rt.reconcile(body({**SPEC, "decode": {"replicas": 2}}, generation=2))
+        await rt.workload_event("MODIFIED", "Deployment", workload(api, "demo-pd", ready=1))
+        await asyncio.sleep(_runtime.STATUS_DELAY_S + 0.2)
+
+    asyncio.run(scenario())
+    latest = status.parse(api.status_writes[-1])
+    assert latest.observed_generation == 1
+    assert latest.roles_ready["pd"] == "1/1"

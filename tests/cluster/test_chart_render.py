@@ -167,6 +167,8 @@ def test_peering_with_more_than_one_replica(tmp_path: pathlib.Path, namespaced: 
     assert expected <= rules_of(holder)
     deployment = one(docs, "Deployment")
     assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    pdb = one(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
     settings = operator_settings.parse([], env_of(deployment))
     assert settings.peering == "epd-epd-operator"
     pod_id = next(e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"] if e["name"] == "POD_ID")
@@ -175,7 +177,7 @@ def test_peering_with_more_than_one_replica(tmp_path: pathlib.Path, namespaced: 
 
 def test_one_replica_is_standalone_and_never_overlaps(tmp_path: pathlib.Path) -> None:
     docs = template(OPERATOR_CHART, tmp_path)
-    assert not [d for d in docs if d["apiVersion"].startswith("kopf.dev")]
+    assert not [d for d in docs if d["apiVersion"].startswith("kopf.dev") or d["kind"] == "PodDisruptionBudget"]
     deployment = one(docs, "Deployment")
     assert deployment["spec"]["strategy"] == {"type": "Recreate"}
     assert operator_settings.parse([], env_of(deployment)).peering is None

@@ -82,12 +82,14 @@ def free_port() -> int:
 def progress(config: pytest.Config) -> Callable[[str], None]:
     """Print a line on the terminal even while pytest captures output (instances take a minute to start)."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
 
     def say(line: str) -> None:
-        if reporter is not None:
-            reporter.write_line(f"[e2e] {line}")
-        else:  # pragma: no cover - without the terminal reporter
+        if reporter is None or capture is None:  # pragma: no cover - plugins disabled
             print(f"[e2e] {line}", flush=True)
+            return
+        with capture.global_and_fixture_disabled():
+            reporter.write_line(f"[e2e] {line}")
 
     return say
 
@@ -320,11 +322,13 @@ def fleet(
                 ECExampleConnectorConfig(ec_role="ec_producer", ec_connector_extra_config=shared),
             ),
         )
+        # --enable-mm-embeds: the PD also takes image items rewritten to image_embeds (grid) + uuid (mm hash).
+        pd_args = ("--max-model-len", "2048", "--seed", "0", "--enable-mm-embeds")
         pd = launcher.start(
             "pd",
             vllm_bundle(
                 "pd",
-                tiny_server(tiny_model, "pd"),
+                tiny_server(tiny_model, "pd", extra_args=pd_args),
                 ECExampleConnectorConfig(ec_role="ec_consumer", ec_connector_extra_config=shared),
             ),
         )

@@ -58,13 +58,46 @@ def test_baseline_image_is_deterministic_and_depends_on_the_image(fleet: Fleet) 
     assert other != first, "the output should depend on the image (weights are random with std 0.2)"
 
 
+def encode(fleet: Fleet, body: dict[str, Any], label: str) -> dict[str, Any]:
+    """Send the request to the encoder (one token, as a proxy does); its ec_transfer_params, by mm hash."""
+    started = time.monotonic()
+    encoded = fleet.encoder.post("/v1/chat/completions", {**body, "max_tokens": 1})
+    TIMINGS.add(f"request {label}", time.monotonic() - started)
+    params = encoded.get("ec_transfer_params")
+    assert isinstance(params, dict) and params, f"the encoder reported no items: {encoded}"
+    for mm_hash in params:
+        assert list(fleet.ec_folder.rglob(f"*{mm_hash}*")), f"the encoder wrote nothing for {mm_hash}"
+    return params
+
+
+def as_image_embeds(body: dict[str, Any], items: dict[str, Any]) -> dict[str, Any]:
+    """The request with its i-th image replaced by the encoder's item i: image_embeds carrying only the grid
+    metadata, and uuid = the encoder's mm hash, so the PD neither loads nor hashes the image."""
+    by_index = {index: (mm_hash, item) for mm_hash, item in items.items() for index in item["item_indices"]}
+    images = 0
+    content: list[dict[str, Any]] = []
+    for part in body["messages"][0]["content"]:
+        if part["type"] == "image_url":
+            mm_hash, item = by_index[images]
+            content.append({"type": "image_embeds", "image_embeds": item["metadata"], "uuid": mm_hash})
+            images += 1
+        else:
+            content.append(part)
+    assert images == len(by_index)
+    return {**body, "messages": [{"role": "user", "content": content}]}
+
+
 def test_encoder_then_pd_equals_baseline(fleet: Fleet) -> None:
     body = chat(with_image(image_data_url(seed=3)))
     expected = answer(fleet.baseline, body, "baseline (E+PD reference)")
+    encode(fleet, body, "encoder")
+    assert answer(fleet.pd, body, "E+PD original request") == expected
 
-    encoded = fleet.encoder.post("/v1/chat/completions", {**body, "max_tokens": 1})
-    assert encoded["choices"], encoded
-    stored = [p for p in fleet.ec_folder.rglob("*") if p.is_file()]
-    assert stored, f"the encoder wrote nothing into {fleet.ec_folder}"
 
-    assert answer(fleet.pd, body, "E+PD") == expected
+def test_encoder_then_pd_with_image_embeds_and_uuid_equals_baseline(fleet: Fleet) -> None:
+    body = chat(with_image(image_data_url(seed=4)))
+    expected = answer(fleet.baseline, body, "baseline (E+PD rewritten reference)")
+    items = encode(fleet, body, "encoder (rewritten)")
+    (item,) = items.values()
+    assert item["metadata"].get("image_grid_thw") == [1, 4, 4], item  # a 64x64 image: 4 image tokens
+    assert answer(fleet.pd, as_image_embeds(body, items), "E+PD image_embeds + uuid") == expected

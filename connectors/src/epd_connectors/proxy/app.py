@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import os
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
 from typing import Any
 
@@ -44,6 +45,9 @@ COMPLETION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 JSON = b"application/json"
 SSE = b"text/event-stream"
 log = logging.getLogger(__name__)
+_ID_PREFIX = f"epd-{os.urandom(6).hex()}"
+"""Request ids are this process's random prefix plus a counter: unique across proxies, and cheaper than uuid4."""
+_ID_COUNTER = itertools.count()
 
 
 class ProxyApp:
@@ -148,11 +152,11 @@ class ProxyApp:
                 raise
             # The client went away: cancelling closed every backend request made for it.
             task.uncancel()
-            self.metrics.requests.labels(endpoint, "499").inc()
+            self.metrics.count_request(endpoint, "499")
         finally:
             watch.cancel()
             self.metrics.in_flight.dec()
-            self.metrics.stage_seconds.labels("total").observe(time.perf_counter() - started)
+            self.metrics.observe_stage("total", time.perf_counter() - started)
 
     async def _serve(self, request: ClientRequest, send: Send) -> None:
         answer: Answer | None = None
@@ -169,7 +173,7 @@ class ProxyApp:
                     async for chunk in answer.chunks:
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
-            self.metrics.requests.labels(request.path, str(answer.status)).inc()
+            self.metrics.count_request(request.path, str(answer.status))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -185,7 +189,7 @@ class ProxyApp:
                 await self._fail(send, request.path, error)
                 return
             # Mid-stream: the status is sent; end the stream with an error event the client can read.
-            self.metrics.requests.labels(request.path, "mid_stream_error").inc()
+            self.metrics.count_request(request.path, "mid_stream_error")
             if answer is not None:
                 self.metrics.backend_errors.labels(
                     self.roster.generator_role.value, answer.instance, "mid_stream"
@@ -198,7 +202,7 @@ class ProxyApp:
                 await answer.close()
 
     async def _fail(self, send: Send, endpoint: str, error: ProxyError) -> None:
-        self.metrics.requests.labels(endpoint, str(error.status)).inc()
+        self.metrics.count_request(endpoint, str(error.status))
         if isinstance(error, BackendRejectedError):
             await _send(send, error.status, JSON, error.payload)
         else:
@@ -267,7 +271,7 @@ def _request_id(scope: Scope) -> str:
     for name, value in scope.get("headers", ()):
         if name == b"x-request-id":
             return str(value.decode("latin-1"))
-    return uuid.uuid4().hex
+    return f"{_ID_PREFIX}-{next(_ID_COUNTER)}"
 
 
 async def _start(send: Send, status: int, content_type: bytes) -> None:

@@ -1,9 +1,9 @@
-"""Talking HTTP to vLLM instances: one pooled aiohttp session, JSON in and out, errors mapped at the edge.
+"""Talking HTTP to vLLM instances: pooled keep-alive connections, JSON in and out, errors mapped at the edge.
 
 Each call raises only the proxy's own errors (`errors.from_client_error`): 5xx and unreachable instances are
 `BackendUnavailableError` (retryable), 4xx `BackendRejectedError` (the client's fault, passed through). Pooled
-keep-alive connections are retired before vLLM's own 5 s idle limit, so a reused socket is never one the
-server has already closed.
+connections are retired before vLLM's own 5 s idle limit, so a reused socket is rarely one the server has
+already closed (and `http1` resends once when it was).
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import aiohttp
 import orjson
 
 from epd_connectors.proxy.errors import BackendRejectedError, BackendUnavailableError, from_client_error
+from epd_connectors.proxy.http1 import Pool, Response
 from epd_connectors.proxy.settings import Timeouts
 
 KEEPALIVE_S = 2.5
@@ -35,35 +35,32 @@ class Backend:
 
     def __init__(self, timeouts: Timeouts) -> None:
         self._timeouts = timeouts
-        self._session: aiohttp.ClientSession | None = None
+        self._pool: Pool | None = None
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S, enable_cleanup_closed=False)
-        timeout = aiohttp.ClientTimeout(total=None, connect=self._timeouts.connect)
-        self._session = aiohttp.ClientSession(
-            connector=connector, timeout=timeout, auto_decompress=False, skip_auto_headers=("User-Agent",)
-        )
+        self._pool = Pool(connect_timeout=self._timeouts.connect, keepalive_s=KEEPALIVE_S)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
 
     @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
+    def pool(self) -> Pool:
+        if self._pool is None:
             raise RuntimeError("Backend.start() was not awaited")
-        return self._session
+        return self._pool
 
     async def open(
         self, url: str, body: Mapping[str, Any], *, role: str, headers: Mapping[str, str] | None = None
-    ) -> aiohttp.ClientResponse:
+    ) -> Response:
         """POST JSON and return the response once its headers arrived with a 2xx status; the caller releases it.
 
-        5xx -> BackendUnavailableError, 4xx -> BackendRejectedError (with the backend's body), transport errors mapped.
+        5xx -> BackendUnavailableError, 4xx -> BackendRejectedError (with the backend's body), transport errors
+        mapped.
         """
         try:
-            response = await self.session.post(url, data=dumps(body), headers={**JSON_HEADERS, **(headers or {})})
+            response = await self.pool.request("POST", url, dumps(body), {**JSON_HEADERS, **(headers or {})})
         except Exception as exc:
             raise from_client_error(exc, role, url) from exc
         if response.status < 400:
@@ -98,7 +95,10 @@ class Backend:
     async def get(self, url: str, *, role: str) -> tuple[int, bytes]:
         """GET; the status and body, transport errors mapped."""
         try:
-            async with self.session.get(url) as response:
+            response = await self.pool.request("GET", url)
+            try:
                 return response.status, await response.read()
+            finally:
+                response.release()
         except Exception as exc:
             raise from_client_error(exc, role, url) from exc

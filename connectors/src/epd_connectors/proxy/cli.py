@@ -149,6 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         access_log=False,
         log_level=level,
         lifespan="on",
+        proxy_headers=False,
+        server_header=False,
         timeout_keep_alive=75,
     )
     return 0

@@ -92,7 +92,7 @@ class EncodeStage:
         if pending:
             assert last_error is not None
             raise last_error
-        self._metrics.stage_seconds.labels("encode").observe(time.perf_counter() - started)
+        self._metrics.observe_stage("encode", time.perf_counter() - started)
         return encoded, transfer_ids
 
     def _place(self, item: MediaItem, exclude: frozenset[str], first: bool) -> str | None:
@@ -124,7 +124,7 @@ class EncodeStage:
             raise BackendUnavailableError(f"encoder {batch.encoder} left the roster")
         body = encoder_body(request, batch, consumer_zmq)
         headers = {"x-request-id": f"{request_id}-enc-{batch.transfer_ids[0][:8]}"}
-        self._metrics.backend_requests.labels(ROLE.value, instance.url).inc()
+        self._metrics.count_backend(ROLE.value, instance.url)
         with outstanding(instance):
             try:
                 async with asyncio.timeout(self._options.timeouts.encode):

@@ -7,8 +7,9 @@ ASGI layer has one way to answer, and the flow decides retries on `retryable` in
 from __future__ import annotations
 
 import asyncio
+import socket
 
-import aiohttp
+from epd_connectors.proxy.http1 import ConnectError
 
 
 class ProxyError(Exception):
@@ -80,9 +81,10 @@ def from_client_error(exc: BaseException, role: str, url: str) -> ProxyError:
     """Our error for an exception raised while talking to `url` (a `role` instance)."""
     if isinstance(exc, ProxyError):
         return exc
-    if isinstance(exc, TimeoutError | asyncio.TimeoutError | aiohttp.ServerTimeoutError):
+    if isinstance(exc, ConnectError | ConnectionRefusedError | socket.gaierror):
+        return BackendUnavailableError(f"{role} {url} unreachable: {exc}", unreachable=True)
+    if isinstance(exc, TimeoutError | asyncio.TimeoutError):
         return StageTimeoutError(f"{role} {url} did not answer in time")
-    if isinstance(exc, aiohttp.ClientError | OSError):
-        connect = isinstance(exc, aiohttp.ClientConnectorError | ConnectionRefusedError)
-        return BackendUnavailableError(f"{role} {url} failed: {type(exc).__name__}: {exc}", unreachable=connect)
+    if isinstance(exc, OSError):
+        return BackendUnavailableError(f"{role} {url} failed: {type(exc).__name__}: {exc}")
     return ProxyError(f"{role} {url}: {type(exc).__name__}: {exc}")

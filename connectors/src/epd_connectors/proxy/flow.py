@@ -16,8 +16,6 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import aiohttp
-
 from epd_connectors.proxy import kv, routing
 from epd_connectors.proxy.backend import Backend, loads
 from epd_connectors.proxy.encode import EncodeStage, record_failure
@@ -149,7 +147,7 @@ class Flow:
         transfer_id = new_transfer_id()
         engine_id = await self._engine_id(prefill) if protocol is KVProtocol.MOONCAKE else None
         started = time.perf_counter()
-        self.metrics.backend_requests.labels(prefill.role.value, prefill.url).inc()
+        self.metrics.count_backend(prefill.role.value, prefill.url)
         with outstanding(prefill):
             try:
                 async with asyncio.timeout(self.options.timeouts.prefill):
@@ -163,7 +161,7 @@ class Flow:
                 raise StageTimeoutError(
                     f"prefill {prefill.url} took longer than {self.options.timeouts.prefill} s"
                 ) from exc
-        self.metrics.stage_seconds.labels("prefill").observe(time.perf_counter() - started)
+        self.metrics.observe_stage("prefill", time.perf_counter() - started)
         returned = answer.get("kv_transfer_params") if isinstance(answer, Mapping) else None
         return kv.decode_params(
             protocol, transfer_id, bootstrap_addr=prefill.spec.bootstrap_url, engine_id=engine_id, returned=returned
@@ -188,7 +186,7 @@ class Flow:
         """Send to the decode/PD instance and wait for the first byte (streams) or the whole answer."""
         stack = AsyncExitStack()
         stack.enter_context(outstanding(instance))
-        self.metrics.backend_requests.labels(instance.role.value, instance.url).inc()
+        self.metrics.count_backend(instance.role.value, instance.url)
         started = time.perf_counter()
         limit = self.options.timeouts.first_token
         try:
@@ -196,10 +194,11 @@ class Flow:
                 response = await self.backend.open(
                     instance.url + request.path, body, role=instance.role.value, headers=headers
                 )
-                stack.push_async_callback(_release, response)
+                stack.callback(response.release)
                 content_type = response.headers.get("content-type", "application/json")
                 if request.stream:
-                    first = await _first_chunk(response)
+                    body_chunks = response.chunks().__aiter__()
+                    first = await _first_chunk(body_chunks, response.url)
                 else:
                     first = await response.read()
         except TimeoutError as exc:
@@ -214,41 +213,31 @@ class Flow:
         except BaseException:
             await stack.aclose()
             raise
-        self.metrics.stage_seconds.labels("first_token").observe(time.perf_counter() - started)
-        chunks = _rest(response, limit) if request.stream else None
+        self.metrics.observe_stage("first_token", time.perf_counter() - started)
+        chunks = _rest(body_chunks, response.url, limit) if request.stream else None
         return Answer(response.status, content_type, first, chunks, instance.url, stack)
 
 
-async def _first_chunk(response: aiohttp.ClientResponse) -> bytes:
+async def _first_chunk(chunks: AsyncIterator[bytes], url: str) -> bytes:
     """The first non-empty chunk of a stream; a stream that ends before any byte counts as a failure."""
-    async for chunk in response.content.iter_any():
+    async for chunk in chunks:
         if chunk:
             return chunk
-    raise BackendUnavailableError(f"{response.url} closed the stream before sending anything")
+    raise BackendUnavailableError(f"{url} closed the stream before sending anything")
 
 
-async def _rest(response: aiohttp.ClientResponse, idle_limit: float) -> AsyncIterator[bytes]:
+async def _rest(chunks: AsyncIterator[bytes], url: str, idle_limit: float) -> AsyncIterator[bytes]:
     """The remaining chunks; a gap longer than `idle_limit` ends the stream with StageTimeoutError."""
-    iterator = response.content.iter_any().__aiter__()
     while True:
         try:
             async with asyncio.timeout(idle_limit):
-                chunk = await anext(iterator)
+                chunk = await anext(chunks)
         except StopAsyncIteration:
             return
         except TimeoutError as exc:
-            raise StageTimeoutError(f"{response.url} stalled for {idle_limit} s mid-stream") from exc
+            raise StageTimeoutError(f"{url} stalled for {idle_limit} s mid-stream") from exc
         if chunk:
             yield chunk
-
-
-async def _release(response: aiohttp.ClientResponse) -> None:
-    """A finished answer's connection goes back to the pool; an unfinished one is closed, which is how the
-    backend learns that the client went away (vLLM aborts the request)."""
-    if response.content.at_eof():
-        response.release()
-    else:
-        response.close()
 
 
 async def _as_role(role: ProxyRole, work: Awaitable[_T]) -> _T:

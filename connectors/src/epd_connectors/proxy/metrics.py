@@ -7,6 +7,8 @@ membership; the affinity counters and ratio show whether repeated media meet the
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from epd_connectors.proxy.roster import Roster
@@ -62,6 +64,24 @@ class ProxyMetrics:
         )
         self._hits = 0
         self._items = 0
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """The labelled child, cached: prometheus_client's labels() costs more than the update itself."""
+        key = (str(id(metric)), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    def observe_stage(self, stage: str, seconds: float) -> None:
+        self._child(self.stage_seconds, stage).observe(seconds)
+
+    def count_request(self, endpoint: str, status: str) -> None:
+        self._child(self.requests, endpoint, status).inc()
+
+    def count_backend(self, role: str, instance: str) -> None:
+        self._child(self.backend_requests, role, instance).inc()
 
     def affinity_result(self, hit: bool) -> None:
         self._items += 1

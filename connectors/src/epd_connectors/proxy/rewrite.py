@@ -9,7 +9,7 @@ without metadata stays the original media (with its uuid, so both sides key it a
 
 from __future__ import annotations
 
-import uuid as uuid_module
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,7 +44,7 @@ class EncoderBatch:
 
 def new_transfer_id() -> str:
     """A fresh id naming one push from an encoder to a consumer (or one KV hand-over)."""
-    return uuid_module.uuid4().hex
+    return os.urandom(16).hex()
 
 
 def batches(assignment: Sequence[tuple[MediaItem, str]], batch_max: int) -> list[EncoderBatch]:

@@ -28,12 +28,11 @@ from epd_operator.api.resource import OperatorDefaults, Owner, parse_spec
 from epd_operator.render import render_desired
 from epd_testenv import cluster, layout, nodes
 
-sys.path.insert(0, str(layout.repo_root()))  # the cluster tests' helpers (Kube, Operator, NodeLeases)
+sys.path.insert(0, str(layout.repo_root()))  # the cluster tests' helpers (Kube, Operator)
 from tests.cluster.operator_fixtures import (
     EPD_PATH,
     NAMESPACE_PREFIX,
     Kube,
-    NodeLeases,
     Operator,
     condition,
     example,
@@ -145,7 +144,6 @@ def main() -> int:
         configuration = client.Configuration()
         config.load_kube_config(config_file=str(local.kubeconfig), client_configuration=configuration)  # type: ignore[no-untyped-call]
         kube = Kube(client.ApiClient(configuration))
-        leases = NodeLeases(kube).start()
         crd = (layout.repo_root() / "crds" / "epddeployments.yaml").read_text()
         kube.request(
             "PATCH",
@@ -172,7 +170,6 @@ def main() -> int:
         metrics = operator.metrics()
         operator.stop()
         control_plane = floor(kube)
-        leases.stop()
     finally:
         if operator is not None:
             operator.stop()

@@ -121,10 +121,17 @@ class Response:
         await self._head
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """The body as it arrives; OSError when the connection breaks before the end."""
+        """The body as it arrives (what arrived together comes as one piece: one write onward instead of one
+        per SSE event); OSError when the connection breaks before the end."""
         while True:
-            while self._chunks:
+            if len(self._chunks) == 1:
                 yield self._chunks.popleft()
+                continue  # more may have arrived meanwhile
+            if self._chunks:
+                joined = b"".join(self._chunks)
+                self._chunks.clear()
+                yield joined
+                continue
             if self.complete:
                 return
             if self._error is not None:

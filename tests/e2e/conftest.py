@@ -242,6 +242,9 @@ class Launcher:
         env = {
             **os.environ,
             **VLLM_ENV,
+            # Its own compile cache: this build cannot load a cached AOT compile ("'function' object has no
+            # attribute 'finalize_loading'") and recompiles anyway, and instances sharing one cache race on it.
+            "VLLM_CACHE_ROOT": str(folder / "vllm-cache"),
             "PATH": f"{self.python.parent}{os.pathsep}{os.environ.get('PATH', '')}",
             "VIRTUAL_ENV": str(self.python.parent.parent),
         }
@@ -301,45 +304,51 @@ class Fleet:
 
 
 @pytest.fixture(scope="session")
-def fleet(
-    request: pytest.FixtureRequest, e2e_python: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Fleet]:
-    """Start the three instances at once (about a minute each on 2 cores), share them for the whole session."""
+def launcher(
+    request: pytest.FixtureRequest, e2e_python: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Launcher]:
+    """Starts vLLM instances from bundles for the whole session; stops every one of them at the end and, when a
+    test failed, prints the tail of each log."""
     say = progress(request.config)
-    workdir = tmp_path_factory.mktemp("vllm")
-    ec_folder = workdir / "ec-shared"
-    ec_folder.mkdir()
-    launcher = Launcher(e2e_python, workdir, say)
-    started = time.monotonic()
+    launcher = Launcher(e2e_python, tmp_path_factory.mktemp("vllm"), say)
     try:
-        shared = {"shared_storage_path": str(ec_folder)}
-        baseline = launcher.start("baseline", vllm_bundle("baseline", tiny_server(tiny_model, "pd")))
-        encoder = launcher.start(
-            "encoder",
-            vllm_bundle(
-                "encoder",
-                tiny_server(tiny_model, "encoder"),
-                ECExampleConnectorConfig(ec_role="ec_producer", ec_connector_extra_config=shared),
-            ),
-        )
-        # --enable-mm-embeds: the PD also takes image items rewritten to image_embeds (grid) + uuid (mm hash).
-        pd_args = ("--max-model-len", "2048", "--seed", "0", "--enable-mm-embeds")
-        pd = launcher.start(
-            "pd",
-            vllm_bundle(
-                "pd",
-                tiny_server(tiny_model, "pd", extra_args=pd_args),
-                ECExampleConnectorConfig(ec_role="ec_consumer", ec_connector_extra_config=shared),
-            ),
-        )
-        launcher.wait_healthy([baseline, encoder, pd])
-        TIMINGS.add("start all three (wall)", time.monotonic() - started)
-        yield Fleet(baseline=baseline, encoder=encoder, pd=pd, ec_folder=ec_folder)
+        yield launcher
     finally:
         launcher.stop_all()
         if request.session.testsfailed:
             for instance in launcher.instances:
                 say(f"--- {instance.name} log tail ({instance.log}) ---\n{instance.tail(40)}")
+
+
+@pytest.fixture(scope="session")
+def fleet(launcher: Launcher, tiny_model: Path) -> Fleet:
+    """Start the three instances at once (about a minute each on 2 cores), share them for the whole session."""
+    ec_folder = launcher.workdir / "ec-shared"
+    ec_folder.mkdir()
+    started = time.monotonic()
+    shared = {"shared_storage_path": str(ec_folder)}
+    baseline = launcher.start("baseline", vllm_bundle("baseline", tiny_server(tiny_model, "pd")))
+    encoder = launcher.start(
+        "encoder",
+        vllm_bundle(
+            "encoder",
+            tiny_server(tiny_model, "encoder"),
+            ECExampleConnectorConfig(ec_role="ec_producer", ec_connector_extra_config=shared),
+        ),
+    )
+    # --enable-mm-embeds: the PD also takes image items rewritten to image_embeds (grid) + uuid (mm hash).
+    pd_args = ("--max-model-len", "2048", "--seed", "0", "--enable-mm-embeds")
+    pd = launcher.start(
+        "pd",
+        vllm_bundle(
+            "pd",
+            tiny_server(tiny_model, "pd", extra_args=pd_args),
+            ECExampleConnectorConfig(ec_role="ec_consumer", ec_connector_extra_config=shared),
+        ),
+    )
+    launcher.wait_healthy([baseline, encoder, pd])
+    TIMINGS.add("start all three (wall)", time.monotonic() - started)
+    return Fleet(baseline=baseline, encoder=encoder, pd=pd, ec_folder=ec_folder)
 
 
 def png_bytes(width: int, height: int, seed: int) -> bytes:

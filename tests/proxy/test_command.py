@@ -74,3 +74,19 @@ def test_the_bundle_gives_listener_roster_and_affinity(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="no decode or pd"):
         cli.build(["--encoder", "http://e:1"])
     assert urlsplit(app.roster.instances(ProxyRole.DECODE)[0].url).hostname == "demo-decode"
+
+
+def test_flags_can_come_from_the_environment() -> None:
+    """The pod runs `epd-proxy --bundle PATH`; the bundle's env (EPD_PROXY_*) sets the rest. No backend needed."""
+    environ = {
+        "EPD_PROXY_PD": "http://p0:8000,http://p1:8000",
+        "EPD_PROXY_KV_PROTOCOL": "mooncake",
+        "EPD_PROXY_NO_ENCODER_AFFINITY": "true",
+        "EPD_PROXY_RETRIES": "5",
+    }
+    app, _, _, _ = cli.build([], environ)
+    assert [i.url for i in app.roster.instances(ProxyRole.PD)] == ["http://p0:8000", "http://p1:8000"]
+    assert app.options.kv_protocol.value == "mooncake"
+    assert not app.options.encoder_affinity and app.options.limits.retries == 5
+    app, _, _, _ = cli.build(["--retries", "1"], environ)
+    assert app.options.limits.retries == 1, "the command line wins"

@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from epd_connectors.config.base import ConfigError
@@ -22,8 +23,28 @@ from epd_connectors.proxy.discovery_slices import RoleWatch
 from epd_connectors.proxy.roster import Roster
 from epd_connectors.proxy.static import StaticRoster, from_peers, watches_from_peers
 
+ENV_PREFIX = "EPD_PROXY_"
+"""Flags may also come from the environment (EPD_PROXY_DISCOVER=1, EPD_PROXY_KV_PROTOCOL=mooncake, ...): the pod
+runs `epd-proxy --bundle PATH` only, and the bundle's `env` is how the operator sets the rest."""
 
-def parser() -> argparse.ArgumentParser:
+
+def _env_defaults(p: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    """Defaults from EPD_PROXY_<FLAG> for every single-valued flag; the command line still wins."""
+    for action in p._actions:  # argparse has no public way to list a parser's options
+        if not action.option_strings or action.dest == "help":
+            continue
+        value = environ.get(ENV_PREFIX + action.dest.upper())
+        if value is None:
+            continue
+        if action.nargs == 0:  # a switch
+            action.default = value.lower() in ("1", "true", "yes")
+        elif isinstance(action.default, list):  # a repeated flag: comma-separated
+            action.default = [action.type(v) if callable(action.type) else v for v in value.split(",") if v]
+        else:
+            action.default = action.type(value) if callable(action.type) else value
+
+
+def parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="epd-proxy", description="OpenAI-compatible E/P/D proxy for vLLM")
     p.add_argument("--bundle", type=Path, help="the proxy role's bundle (peers and listener)")
     p.add_argument("--host", help="listen address (bundle proxy.host, else 0.0.0.0)")
@@ -60,6 +81,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ec-tp-size", type=int, default=1)
     p.add_argument("--ec-dp-size", type=int, default=1)
     p.add_argument("--log-level", default="warning")
+    _env_defaults(p, os.environ if environ is None else environ)
     return p
 
 
@@ -82,9 +104,12 @@ def options_from(args: argparse.Namespace, affinity_default: bool) -> s.ProxyOpt
     )
 
 
-def build(argv: Sequence[str] | None = None) -> tuple[ProxyApp, str, int, str]:
-    """The app and where to listen, from the command line; SystemExit with one line on a bad configuration."""
-    args = parser().parse_args(argv)
+def build(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> tuple[ProxyApp, str, int, str]:
+    """The app and where to listen, from the command line (and EPD_PROXY_* variables); SystemExit with one line
+    on a bad configuration."""
+    args = parser(environ).parse_args(argv)
     host, port, affinity = "0.0.0.0", 8000, True
     static = StaticRoster()
     discovery: Discovery | None = None

@@ -26,23 +26,28 @@ RETRY_S = 2.0
 Update = tuple[ProxyRole, list[InstanceSpec]]
 
 
+def load_client() -> Any:
+    """The kubernetes package, configured in-cluster (the pod's service account) or from ~/.kube/config."""
+    try:
+        import kubernetes  # type: ignore[import-untyped,unused-ignore]  # noqa: PLC0415 - optional extra
+    except ImportError as exc:
+        raise RuntimeError("Kubernetes discovery needs the client: pip install 'epd-connectors[discovery]'") from exc
+    config: Any = kubernetes.config
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return kubernetes
+
+
 def kubernetes_discovery(
-    namespace: str, watches: Sequence[RoleWatch]
+    namespace: str, watches: Sequence[RoleWatch], *, client_loader: Callable[[], Any] = load_client
 ) -> Callable[[Roster, Callable[[], None]], Coroutine[Any, Any, None]]:
-    """A discovery coroutine function for ProxyApp: runs until cancelled."""
+    """A discovery coroutine function for ProxyApp: runs until cancelled. `client_loader` gives the kubernetes
+    package (tests pass a stand-in with the same list/watch surface)."""
 
     async def run(roster: Roster, changed: Callable[[], None]) -> None:
-        try:
-            import kubernetes  # type: ignore[import-untyped,unused-ignore]  # noqa: PLC0415 - optional extra
-        except ImportError as exc:
-            raise RuntimeError(
-                "Kubernetes discovery needs the client: pip install 'epd-connectors[discovery]'"
-            ) from exc
-        config: Any = kubernetes.config
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
+        kubernetes = client_loader()
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Update] = asyncio.Queue()
         stop = threading.Event()

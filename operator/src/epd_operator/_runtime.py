@@ -3,8 +3,11 @@
 The operator remembers, per EPDDeployment, the last valid render (its workloads, derived values and
 objects), why the current spec is invalid if it is, and the status it last wrote; and, per workload, the
 last state the watch reported. With that, a workload event recomputes its owner's status without a single
-read, and the status is written only when it differs from the last one. A restarted operator rebuilds all of
-it: kopf lists the workloads before handling anything and runs the resume handler for every EPDDeployment.
+read, and the status is written only when it differs from the last one (bursts of events share one write).
+A restarted operator rebuilds all of it: the resume handler re-applies every EPDDeployment (no-ops for the
+server) and takes the workloads from the answers, and the watches' initial listings fill in the rest. What is
+lost with the process is the last valid render of a spec that is invalid now; status then reports its roles
+as Unknown until the spec is fixed.
 """
 
 from __future__ import annotations

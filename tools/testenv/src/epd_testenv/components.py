@@ -124,12 +124,23 @@ def kubeconfig(server: str, pki: pki_.Pki, identity: str, context: str) -> dict[
     }
 
 
+CLIENT_QPS = 300
+"""Request rate of controller-manager and scheduler (defaults 20 and 50): with simulated pods that become Ready
+at once, the default client throttling, not the operator, decided how fast 50 deployments came up (measured:
+60-67 s with the defaults, about 41 s with these)."""
+CLIENT_BURST = 600
+
+
 def scheduler_config(files: Files) -> dict[str, Any]:
     """kube-scheduler takes its client and leader-election settings from a config file, not flags."""
     return {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
-        "clientConnection": {"kubeconfig": str(files.component_kubeconfig("kube-scheduler"))},
+        "clientConnection": {
+            "kubeconfig": str(files.component_kubeconfig("kube-scheduler")),
+            "qps": CLIENT_QPS,
+            "burst": CLIENT_BURST,
+        },
         "leaderElection": {"leaderElect": False},
     }
 
@@ -209,6 +220,8 @@ def controller_manager(files: Files, ports: Ports, network: Network) -> Componen
             "--controllers=*",
             "--leader-elect=false",
             "--profiling=false",
+            f"--kube-api-qps={CLIENT_QPS}",
+            f"--kube-api-burst={CLIENT_BURST}",
         ),
     )
 

@@ -61,6 +61,7 @@ def test_names_columns_and_status_subresource() -> None:
         "Encoders",
         "Prefill",
         "Decode",
+        "PD",
         "Store",
         "Age",
     ]

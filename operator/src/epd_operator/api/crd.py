@@ -80,6 +80,8 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Encoders", "type": "string", "jsonPath": ".status.rolesReady.encoder"},
     {"name": "Prefill", "type": "string", "jsonPath": ".status.rolesReady.prefill"},
     {"name": "Decode", "type": "string", "jsonPath": ".status.rolesReady.decode"},
+    # Without a prefill pool the language model runs as combined prefill+decode instances.
+    {"name": "PD", "type": "string", "jsonPath": ".status.rolesReady.pd"},
     {"name": "Store", "type": "string", "jsonPath": ".status.rolesReady.store"},
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "priority": 1},
     {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint", "priority": 1},

@@ -53,7 +53,9 @@ def test_probe_evicts_after_repeated_failures_and_readmits() -> None:
     roster = Roster.build({ProxyRole.PD: [InstanceSpec("http://p")]}, healthy=True)
     instance = roster.instances()[0]
     limits = Limits(evict_after=2, readmit_after=2)
+    instance.engine_id = "E0"
     assert not apply_probe(instance, False, limits) and instance.healthy
+    assert instance.engine_id is None, "a restarted prefill is a new engine: its id is asked again"
     assert apply_probe(instance, False, limits) and not instance.healthy
     assert not apply_probe(instance, True, limits) and not instance.healthy
     assert apply_probe(instance, True, limits) and instance.healthy

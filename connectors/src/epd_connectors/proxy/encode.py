@@ -39,6 +39,7 @@ def record_failure(instance: Instance | None, error: ProxyError, metrics: ProxyM
     if isinstance(error, BackendUnavailableError) and error.unreachable:
         instance.healthy = False
         instance.successes = 0
+        instance.engine_id = None
         instance.failures = max(instance.failures, evict_after)
 
 

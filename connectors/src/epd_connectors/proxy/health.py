@@ -31,6 +31,7 @@ def apply_probe(instance: Instance, ok: bool, limits: Limits) -> bool:
         return False
     instance.failures += 1
     instance.successes = 0
+    instance.engine_id = None  # a prefill that fails a probe may come back as a new engine: ask again
     if instance.healthy and instance.failures >= limits.evict_after:
         instance.healthy = False
         return True

@@ -192,3 +192,22 @@ def test_least_outstanding_spreads_concurrent_requests() -> None:
         assert [len(p.requests) for p in pds] == [1, 1]
 
     run(main)
+
+
+def test_without_affinity_media_spread_by_load() -> None:
+    """Stand-in encoders: with affinity off, the same image goes to whichever encoder is least busy."""
+
+    async def main() -> None:
+        encoders = [StandIn(f"e{i}", role="encoder") for i in range(2)]
+        pd = StandIn("pd0")
+        options = ProxyOptions(timeouts=FAST.timeouts, limits=FAST.limits, encoder_affinity=False)
+        async with running(*encoders, pd):
+            app = ProxyApp(roster_of({ProxyRole.ENCODER: encoders, ProxyRole.PD: [pd]}), options)
+            async with serving(app) as url, aiohttp.ClientSession() as session:
+                for _ in range(4):
+                    assert (await post(session, url, chat("data:same")))[0] == 200
+                metrics = await (await session.get(url + "/metrics")).text()
+        assert [len(e.requests) for e in encoders] == [2, 2]
+        assert "epd_proxy_encoder_affinity_total{" not in metrics
+
+    run(main)

@@ -211,3 +211,19 @@ def test_without_affinity_media_spread_by_load() -> None:
         assert "epd_proxy_encoder_affinity_total{" not in metrics
 
     run(main)
+
+
+def test_concurrent_media_requests_spread_over_consumers_while_encoding() -> None:
+    """Slow stand-in encoder: requests waiting for their media already count against the consumer they chose."""
+
+    async def main() -> None:
+        enc = StandIn("e0", role="encoder", delay_s=0.3)
+        pds = [StandIn("pd0"), StandIn("pd1")]
+        async with running(enc, *pds):
+            app = ProxyApp(roster_of({ProxyRole.ENCODER: [enc], ProxyRole.PD: pds}), FAST)
+            async with serving(app) as url, aiohttp.ClientSession() as session:
+                results = await asyncio.gather(*(post(session, url, chat(f"data:{i}")) for i in range(4)))
+        assert [r[0] for r in results] == [200] * 4
+        assert [len(p.requests) for p in pds] == [2, 2]
+
+    run(main)

@@ -121,9 +121,12 @@ class Flow:
             headers[DP_RANK_HEADER] = str(dp_rank)
         body = request.body
         if items:
-            encoded, transfer_ids = await _as_role(
-                ProxyRole.ENCODER, self.encode.run(body, items, zmq, request.request_id)
-            )
+            # Counted against the consumer while its media are encoded, so concurrent requests spread over
+            # consumers from the start instead of all choosing the one that looked idle.
+            with outstanding(consumer):
+                encoded, transfer_ids = await _as_role(
+                    ProxyRole.ENCODER, self.encode.run(body, items, zmq, request.request_id)
+                )
             body = consumer_body(body, items, encoded, transfer_ids)
         if not self.roster.split:
             return await self._generate(request, consumer, body, headers)

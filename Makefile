@@ -56,7 +56,7 @@ test-store: setup-python setup-apt ## tests against real mooncake_master / moonc
 test-cluster: setup ## tests against the local control plane
 	$(PYTEST) -m cluster
 
-setup-e2e: ## .venv-e2e: the CPU build of vLLM (~6 GB, pinned) and the tiny test model (idempotent)
+setup-e2e: ## .venv-e2e: the CPU build of vLLM (5.4 GB, pinned) and the tiny test model (idempotent)
 	@hack/setup-e2e.sh $(VENV_E2E)
 
 test-e2e: setup-python setup-e2e ## tests against real vLLM (CPU build) serving the tiny model

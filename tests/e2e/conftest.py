@@ -176,6 +176,22 @@ class VllmInstance:
 
     def post(self, path: str, body: dict[str, Any], timeout_s: float = 120.0) -> dict[str, Any]:
         """POST JSON; the parsed answer, or a failure with the status, the body and the log's tail."""
+        answer: dict[str, Any] = json.loads(self._post(path, body, timeout_s))
+        return answer
+
+    def post_stream(self, path: str, body: dict[str, Any], timeout_s: float = 120.0) -> list[dict[str, Any]]:
+        """POST a streamed request; the server-sent events' JSON payloads up to [DONE]."""
+        events: list[dict[str, Any]] = []
+        for line in self._post(path, {**body, "stream": True}, timeout_s).decode().splitlines():
+            if not line.startswith("data: "):
+                continue
+            payload = line.removeprefix("data: ").strip()
+            if payload == "[DONE]":
+                return events
+            events.append(json.loads(payload))
+        pytest.fail(f"{self.name}: the stream of POST {path} ended without [DONE]: {events[-3:]}")
+
+    def _post(self, path: str, body: dict[str, Any], timeout_s: float) -> bytes:
         request = urllib.request.Request(
             f"{self.url}{path}",
             data=json.dumps(body).encode(),
@@ -184,8 +200,8 @@ class VllmInstance:
         )
         try:
             with urllib.request.urlopen(request, timeout=timeout_s) as response:
-                answer: dict[str, Any] = json.loads(response.read())
-                return answer
+                data: bytes = response.read()
+                return data
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")[:2000]
             pytest.fail(f"{self.name}: POST {path} -> HTTP {exc.code}: {detail}\n--- log ---\n{self.tail()}")

@@ -101,3 +101,37 @@ def test_encoder_then_pd_with_image_embeds_and_uuid_equals_baseline(fleet: Fleet
     (item,) = items.values()
     assert item["metadata"].get("image_grid_thw") == [1, 4, 4], item  # a 64x64 image: 4 image tokens
     assert answer(fleet.pd, as_image_embeds(body, items), "E+PD image_embeds + uuid") == expected
+
+
+def streamed(instance: VllmInstance, body: dict[str, Any], label: str) -> tuple[str, list[str]]:
+    """The text and tokens of a streamed answer, joined from its chunks."""
+    started = time.monotonic()
+    events = instance.post_stream("/v1/chat/completions", body)
+    TIMINGS.add(f"request {label}", time.monotonic() - started)
+    text, tokens = "", []
+    for event in events:
+        for choice in event.get("choices", []):
+            text += (choice.get("delta") or {}).get("content") or ""
+            tokens += [entry["token"] for entry in (choice.get("logprobs") or {}).get("content") or []]
+    return text, tokens
+
+
+def test_encoder_then_pd_two_images_and_a_repeated_one_streamed_or_not_equal_baseline(fleet: Fleet) -> None:
+    first, second = image_data_url(seed=5), image_data_url(seed=6)
+    content: list[dict[str, Any]] = [
+        {"type": "image_url", "image_url": {"url": first}},
+        {"type": "text", "text": "Compare"},
+        {"type": "image_url", "image_url": {"url": second}},
+        {"type": "text", "text": "with"},
+        {"type": "image_url", "image_url": {"url": first}},
+    ]
+    body = chat(content)
+    expected = answer(fleet.baseline, body, "baseline (three images)")
+    assert streamed(fleet.baseline, body, "baseline (three images, streamed)") == expected
+
+    items = encode(fleet, body, "encoder (three images)")
+    assert sorted(index for item in items.values() for index in item["item_indices"]) == [0, 1, 2]
+    assert len(items) == 2, "the repeated image is one item with two indices"
+    rewritten = as_image_embeds(body, items)
+    assert answer(fleet.pd, rewritten, "E+PD three images") == expected
+    assert streamed(fleet.pd, rewritten, "E+PD three images, streamed") == expected

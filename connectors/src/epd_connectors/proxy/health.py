@@ -55,8 +55,12 @@ class Prober:
         results = await asyncio.gather(*(self._probe(i) for i in instances))
         for instance, ok in zip(instances, results, strict=True):
             if apply_probe(instance, ok, self._limits):
-                state = "healthy again" if instance.healthy else "evicted"
-                log.warning("%s %s %s", instance.role.value, instance.url, state)
+                if instance.healthy:
+                    log.info("%s %s admitted (its /health answers)", instance.role.value, instance.url)
+                else:
+                    log.warning(
+                        "%s %s evicted after %d failed probes", instance.role.value, instance.url, instance.failures
+                    )
 
     async def _probe(self, instance: Instance) -> bool:
         try:

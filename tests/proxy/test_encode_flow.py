@@ -47,7 +47,10 @@ def test_only_items_the_encoder_reported_metadata_for_are_rewritten() -> None:
             app = ProxyApp(roster_of({ProxyRole.ENCODER: [enc], ProxyRole.PD: [pd]}), FAST)
             async with serving(app) as url, aiohttp.ClientSession() as session:
                 status, text = await post(session, url, body)
+                metrics = await (await session.get(url + "/metrics")).text()
         assert status == 200 and "from pd0" in text
+        assert 'epd_proxy_media_items_total{result="rewritten"} 1.0' in metrics
+        assert 'epd_proxy_media_items_total{result="kept"} 1.0' in metrics
         sent = pd.requests[0]["messages"][0]["content"]
         assert sent[1]["type"] == "image_embeds" and sent[1]["image_embeds"] == {"image_grid_thw": [1, 4, 4]}
         assert sent[2] == {"type": "image_url", "image_url": {"url": "data:two"}, "uuid": skipped}

@@ -128,6 +128,9 @@ class Flow:
                     ProxyRole.ENCODER, self.encode.run(body, items, zmq, request.request_id)
                 )
             body = consumer_body(body, items, encoded, transfer_ids)
+            rewritten = sum(1 for item in items if item.uuid in encoded and encoded[item.uuid].metadata)
+            self.metrics.media_items.labels("rewritten").inc(rewritten)
+            self.metrics.media_items.labels("kept").inc(len(items) - rewritten)
         if not self.roster.split:
             return await self._generate(request, consumer, body, headers)
         kv_params = await self._prefill(request, consumer, body, headers)

@@ -57,6 +57,12 @@ class ProxyMetrics:
             ["result"],
             registry=r,
         )
+        self.media_items = Counter(
+            "epd_proxy_media_items",
+            "Media items sent on as references (rewritten: the encoder reported metadata) or as media (kept)",
+            ["result"],
+            registry=r,
+        )
         self.affinity_ratio = Gauge(
             "epd_proxy_encoder_affinity_hit_ratio",
             "Share of media items that met their first-choice encoder",

@@ -297,3 +297,15 @@ def test_no_extra_arg_duplicates_an_owned_flag(args: list[str]) -> None:
         assert names.count(flag) <= 1
     for name in names[len(argv) - len(args) :]:
         assert not (name.startswith("--") and len(name) > 2 and any(f.startswith(name) for f in OWNED_FLAGS))
+
+
+def test_ec_consumers_accept_embeds_items_and_nothing_else_does() -> None:
+    """The proxy rewrites media items to *_embeds; vLLM 0.33 refuses those unless --enable-mm-embeds is set."""
+    pd = VllmServerConfig(role="pd", model="/m")
+    assert "--enable-mm-embeds" in pd.argv(ECMooncakeConsumer())
+    assert "--enable-mm-embeds" not in pd.argv()
+    assert "--no-enable-mm-embeds" in pd.model_copy(update={"enable_mm_embeds": False}).argv(ECMooncakeConsumer())
+    encoder = VllmServerConfig(role="encoder", model="/m")
+    assert not any("mm-embeds" in arg for arg in encoder.argv(ECMooncakeProducer()))
+    with pytest.raises(ValidationError, match="--enable-mm-embeds"):
+        VllmServerConfig(role="pd", model="/m", extra_args=["--enable-mm-embeds"])

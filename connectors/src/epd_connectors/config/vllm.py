@@ -68,6 +68,8 @@ OWNED_FLAGS: dict[str, str] = {
     "--enforce-eager": "enforce_eager",
     "--no-enforce-eager": "enforce_eager",
     "--enable-prefix-caching": "enable_prefix_caching",
+    "--enable-mm-embeds": "enable_mm_embeds",
+    "--no-enable-mm-embeds": "enable_mm_embeds",
     "--no-enable-prefix-caching": "enable_prefix_caching",
     "--prefix-caching-hash-algo": "prefix_caching_hash_algo",
     "--ec-transfer-config": "ec_transfer_config",
@@ -155,6 +157,10 @@ class VllmServerConfig(ConfigModel):
 
     enable_prefix_caching: bool | None = None
     """Local prefix caching; None means off on encoders (required there), vLLM's default elsewhere."""
+
+    enable_mm_embeds: bool | None = None
+    """Accept ``*_embeds`` content items (the proxy rewrites media items to them once an encoder has produced
+    their embeddings); None means on wherever an EC consumer config is given, vLLM's default (off) elsewhere."""
 
     prefix_caching_hash_algo: PrefixCachingHashAlgo | None = None
     """Block hash algorithm; xxhash variants need one python_hash_seed across store sharers."""
@@ -322,6 +328,10 @@ class VllmServerConfig(ConfigModel):
             args.append("--enable-lora")
         args += _bool_flag("--enforce-eager", self.effective_enforce_eager())
         args += _bool_flag("--enable-prefix-caching", self.effective_prefix_caching())
+        consumes = ec is not None and self.role in ("prefill", "pd")
+        args += _bool_flag(
+            "--enable-mm-embeds", True if self.enable_mm_embeds is None and consumes else self.enable_mm_embeds
+        )
         if self.prefix_caching_hash_algo is not None:
             args += ["--prefix-caching-hash-algo", self.prefix_caching_hash_algo]
         if ec is not None:

@@ -90,6 +90,7 @@ _BY_FIELD = {
     "enable_lora": "LoRA is not supported by the disaggregated connectors",
     "enforce_eager": "set {path}.enforceEager",
     "enable_prefix_caching": "the operator decides prefix caching per role",
+    "enable_mm_embeds": "the operator enables it wherever the proxy sends embeddings",
     "prefix_caching_hash_algo": "the operator decides the block hash (one PYTHONHASHSEED per deployment)",
     "ec_transfer_config": "choose spec.encoder.connector",
     "kv_transfer_config": "choose spec.prefill.kv.connector or spec.decode.kv",

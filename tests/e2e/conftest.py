@@ -352,8 +352,9 @@ def fleet(launcher: Launcher, tiny_model: Path) -> Fleet:
             ECExampleConnectorConfig(ec_role="ec_producer", ec_connector_extra_config=shared),
         ),
     )
-    # --enable-mm-embeds: the PD also takes image items rewritten to image_embeds (grid) + uuid (mm hash).
-    pd_args = ("--max-model-len", "2048", "--seed", "0", "--enable-mm-embeds")
+    # The PD also takes image items rewritten to image_embeds (grid) + uuid (mm hash): as an EC consumer its
+    # VllmServerConfig renders --enable-mm-embeds itself.
+    pd_args = ("--max-model-len", "2048", "--seed", "0")
     pd = launcher.start(
         "pd",
         vllm_bundle(

@@ -8,10 +8,11 @@ any cluster domain through the pod's DNS search path.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from epd_connectors.config.master import MasterConfig
 from epd_operator.api import constants as c
+from epd_operator.derive.site import ClusterNetwork, Network
 
 SERVICE_NAME_MAX = 63
 """A Service name is a DNS-1035 label."""
@@ -28,6 +29,8 @@ class Names:
 
     deployment: str
     namespace: str
+    network: Network = field(default_factory=ClusterNetwork)
+    """How a Service name becomes a host (derive.site): cluster DNS unless the local runner says otherwise."""
 
     def workload(self, role: str, pool: str | None = None) -> str:
         """The role's workload, its Service, PDB and the prefix of its ConfigMap: "<name>-<role>[-<pool>]"."""
@@ -40,8 +43,8 @@ class Names:
         return f"{self.deployment}-{role}"
 
     def host(self, service: str) -> str:
-        """The Service's DNS name as every pod of the namespace resolves it."""
-        return f"{service}.{self.namespace}.svc"
+        """The Service's DNS name as every pod of the namespace resolves it (the site's host locally)."""
+        return self.network.host(service, self.namespace)
 
     @property
     def master_host(self) -> str:

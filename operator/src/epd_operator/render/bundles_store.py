@@ -15,9 +15,10 @@ from epd_operator.api import constants as c
 from epd_operator.api.resource import InvalidSpecError
 from epd_operator.api.spec import StoreSpec
 from epd_operator.derive import ports
-from epd_operator.render.context import OFFLOAD_DIR, Context
+from epd_operator.render.context import Context
 
-TENANT_POLICY_FILE = f"{c.WORK_DIR}/tenant_quota.yaml"
+TENANT_POLICY_NAME = "tenant_quota.yaml"
+TENANT_POLICY_FILE = f"{c.WORK_DIR}/{TENANT_POLICY_NAME}"
 """The master's quota policy: on the writable work volume, since Mooncake rewrites it on quota changes."""
 UNBOUNDED_QUOTA = 2**60
 """The tenant's quota when spec.store.tenant.quota is unset ("the whole pool"): larger than any pool, and not
@@ -38,14 +39,20 @@ def master_config(ctx: Context) -> MasterConfig:
     if store.tenant.isolation:
         quota = store.tenant.quota or UNBOUNDED_QUOTA
         policy = TenantQuotaPolicy(tenants=(TenantQuota(name=ctx.tenant_id, quota=quota),))
+    workload = ctx.names.workload(c.ROLE_MASTER)
+    policy_file = f"{ctx.site.paths.work_dir}/{TENANT_POLICY_NAME}"
     return MasterConfig(
-        rpc_port=master.rpc_port,
-        metrics_port=master.metrics_port,
+        rpc_port=ctx.port(workload, ports.RPC, master.rpc_port),
+        metrics_port=ctx.port(workload, ports.METRICS, master.metrics_port),
         enable_http_metadata_server=master.http_metadata_server,
-        http_metadata_server_port=master.http_metadata_port,
+        http_metadata_server_port=(
+            ctx.port(workload, ports.METADATA, master.http_metadata_port)
+            if master.http_metadata_server
+            else master.http_metadata_port
+        ),
         enable_multi_tenants=store.tenant.isolation,
         tenant_quota_policy=policy,
-        tenant_quota_policy_path=TENANT_POLICY_FILE if store.tenant.isolation else "",
+        tenant_quota_policy_path=policy_file if store.tenant.isolation else "",
         enable_offload=store.mode == "standalone" and store.clients.offload.enabled,
         eviction_high_watermark_ratio=master.eviction_high_watermark_ratio,
         eviction_ratio=master.eviction_ratio,
@@ -57,9 +64,10 @@ def store_client_config(ctx: Context, master: MasterConfig) -> StoreClientConfig
     store = _store(ctx)
     clients = store.clients
     offload = clients.offload.enabled
+    workload = ctx.names.workload(c.ROLE_STORE_CLIENT)
     return StoreClientConfig(
         host=POD_IP_PLACEHOLDER,
-        port=clients.port,
+        port=ctx.port(workload, ports.RPC, clients.port),
         global_segment_size=clients.segment_size,
         local_buffer_size=clients.local_buffer_size,
         master_server_address=ctx.names.master_address(master),
@@ -68,9 +76,9 @@ def store_client_config(ctx: Context, master: MasterConfig) -> StoreClientConfig
         device_name=store.device_name,
         tenant_id=ctx.tenant_id,
         enable_offload=offload,
-        offload_path=OFFLOAD_DIR if offload else "",
+        offload_path=ctx.site.paths.offload_dir if offload else "",
         enable_http_server=True,  # metrics for scraping; the probes use the RPC port
-        http_port=ports.STORE_CLIENT_METRICS_PORT,
+        http_port=ctx.port(workload, ports.METRICS, ports.STORE_CLIENT_METRICS_PORT),
     )
 
 

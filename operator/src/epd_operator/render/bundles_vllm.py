@@ -36,7 +36,8 @@ _VLLM_ROLES: dict[str, VllmRoleName] = {
 def model_path(ctx: Context) -> str:
     """Where vLLM loads the weights: the model volume, plus spec.model.path inside it."""
     sub = ctx.spec.model.path.strip("/")
-    return f"{c.MODEL_MOUNT_DIR}/{sub}" if sub else c.MODEL_MOUNT_DIR
+    root = ctx.site.paths.model_dir
+    return f"{root}/{sub}" if sub else root
 
 
 def role_spec(ctx: Context, unit: Unit) -> EncoderSpec | PrefillSpec | DecodeSpec:
@@ -62,7 +63,8 @@ def server_config(ctx: Context, unit: Unit) -> VllmServerConfig:
         role=role,
         model=model_path(ctx),
         served_model_name=model.served_model_name or model.name,
-        port=ports.VLLM_HTTP_PORT,
+        port=ctx.port(unit.name, ports.HTTP, ports.VLLM_HTTP_PORT),
+        **ctx.bind_host,
         dtype=model.dtype,
         tensor_parallel_size=unit.tensor_parallel_size,
         block_size=model.block_size if unit.role != c.ROLE_ENCODER else None,
@@ -73,7 +75,7 @@ def server_config(ctx: Context, unit: Unit) -> VllmServerConfig:
         use_v2_model_runner=True if cross_encoder else None,
         python_hash_seed=ctx.hash_seed,
         mooncake_bootstrap_port=(
-            ports.KV_BOOTSTRAP_PORT
+            ctx.port(unit.name, ports.BOOTSTRAP, ports.KV_BOOTSTRAP_PORT)
             if unit.role in (c.ROLE_PREFILL, c.ROLE_DECODE) and transfer.uses_p2p_kv(ctx)
             else None
         ),
@@ -90,7 +92,7 @@ def vllm_bundle(
     if unit.role == c.ROLE_ENCODER:
         ec = transfer.encoder_ec(ctx)
     elif unit.role in (c.ROLE_PREFILL, c.ROLE_PD):
-        ec = transfer.consumer_ec(ctx)
+        ec = transfer.consumer_ec(ctx, unit)
     kv = transfer.kv_config(ctx, unit.role)
     uses_store = transfer.uses_store(ec, kv) and master is not None and store_json is not None
     return RoleBundle(

@@ -13,15 +13,18 @@ from epd_operator.api import constants as c
 from epd_operator.api.resource import OperatorDefaults, Owner
 from epd_operator.api.spec import EPDDeploymentSpec
 from epd_operator.derive import identity, parallel
+from epd_operator.derive import site as sites
 from epd_operator.derive.names import MAIN_POOL, Names
 
-SHARED_DIR: Final = "/mnt/epd-shared"
+SHARED_DIR: Final = sites.SHARED_DIR
 """Where spec.sharedStorage is mounted in every pod that uses a shared-storage connector."""
-EC_SHARED_PATH: Final = f"{SHARED_DIR}/ec"
-"""ECExampleConnector's folder (a subfolder, so EC and KV files of one volume never mix)."""
-KV_SHARED_PATH: Final = f"{SHARED_DIR}/kv"
-"""ExampleConnector's (KV) folder."""
-OFFLOAD_DIR: Final = "/mnt/epd-offload"
+EC_SUBDIR: Final = "ec"
+"""ECExampleConnector's folder under the shared dir (a subfolder, so EC and KV files of one volume never mix)."""
+KV_SUBDIR: Final = "kv"
+"""ExampleConnector's (KV) folder under the shared dir."""
+EC_SHARED_PATH: Final = f"{SHARED_DIR}/{EC_SUBDIR}"
+KV_SHARED_PATH: Final = f"{SHARED_DIR}/{KV_SUBDIR}"
+OFFLOAD_DIR: Final = sites.OFFLOAD_DIR
 """The store client's SSD tier (MOONCAKE_OFFLOAD_FILE_STORAGE_PATH)."""
 
 
@@ -61,6 +64,21 @@ class Context:
     store_tp: int
     """LCM of prefill_tp_sizes with a store KV connector on a P/D split, else 0."""
     hash_seed: int
+    site: sites.Site = sites.CLUSTER
+    """Addresses and paths (derive.site): a cluster's unless the local runner renders."""
+
+    def port(self, workload: str, name: str, default: int) -> int:
+        """The workload's port called `name` (derive.ports) on this site: `default` in a cluster."""
+        return self.site.network.port(workload, name, default)
+
+    @property
+    def bind_host(self) -> dict[str, str]:
+        """`{"host": ...}` for a server config when the site binds one address, else {} (the config's default)."""
+        host = self.site.network.bind_host
+        return {"host": host} if host is not None else {}
+
+    def shared_path(self, subdir: str) -> str:
+        return f"{self.site.paths.shared_dir}/{subdir}"
 
     @property
     def store_kv_split(self) -> bool:
@@ -78,8 +96,10 @@ class Context:
         return self.spec.store.device_name if self.spec.store else ""
 
 
-def build_context(owner: Owner, spec: EPDDeploymentSpec, defaults: OperatorDefaults) -> Context:
-    """Derive every shared value from the spec (see derive/ for each rule)."""
+def build_context(
+    owner: Owner, spec: EPDDeploymentSpec, defaults: OperatorDefaults, where: sites.Site = sites.CLUSTER
+) -> Context:
+    """Derive every shared value from the spec (see derive/ for each rule); `where` is the site's seam."""
     store, prefill = spec.store, spec.prefill
     cross_encoder = spec.encoder.cross_encoder_cache
     sizes = parallel.prefill_tp_sizes(prefill) if prefill is not None else ()
@@ -90,7 +110,7 @@ def build_context(owner: Owner, spec: EPDDeploymentSpec, defaults: OperatorDefau
         owner=owner,
         spec=spec,
         defaults=defaults,
-        names=Names(owner.name, owner.namespace),
+        names=Names(owner.name, owner.namespace, where.network),
         tenant_id=identity.tenant_id(store.tenant.id, owner.namespace, owner.name) if store else "",
         embedding_prefix=(
             identity.embedding_cache_prefix(spec.model, cross_encoder.prefix) if cross_encoder.enabled else ""
@@ -99,6 +119,7 @@ def build_context(owner: Owner, spec: EPDDeploymentSpec, defaults: OperatorDefau
         prefill_tp_sizes=sizes,
         store_tp=parallel.store_tp_size(sizes) if store_kv_split else 0,
         hash_seed=identity.python_hash_seed(owner.namespace, owner.name),
+        site=where,
     )
 
 

@@ -17,6 +17,8 @@ from epd_connectors.config.mooncake import MooncakeStoreConfig
 from epd_operator.api import constants as c
 from epd_operator.api.resource import InvalidSpecError, OperatorDefaults, Owner
 from epd_operator.api.spec import EPDDeploymentSpec
+from epd_operator.derive import ports
+from epd_operator.derive.site import CLUSTER, Site
 from epd_operator.render import bundles_store, bundles_vllm, lm, objects, proxy, rules, store, validate
 from epd_operator.render.context import Context, Unit, build_context, units
 
@@ -56,10 +58,11 @@ class Desired:
     workloads: list[RoleWorkload]
 
 
-def render_desired(owner: Owner, spec: EPDDeploymentSpec, defaults: OperatorDefaults) -> Desired:
+def render_desired(owner: Owner, spec: EPDDeploymentSpec, defaults: OperatorDefaults, site: Site = CLUSTER) -> Desired:
     """The desired state; InvalidSpecError (one problem per line, each naming the spec field and the fix) when
-    the spec cannot be deployed."""
-    ctx = build_context(owner, spec, defaults)
+    the spec cannot be deployed. `site` decides addresses and paths (derive.site): a cluster's by default, the
+    local runner's loopback ports otherwise."""
+    ctx = build_context(owner, spec, defaults, site)
     all_units = units(ctx)
     problems = rules.spec_problems(ctx, all_units)
     if problems:
@@ -84,7 +87,9 @@ def render_desired(owner: Owner, spec: EPDDeploymentSpec, defaults: OperatorDefa
             kv_cache_prefix=ctx.kv_prefix,
             store_tp_size=ctx.store_tp,
             python_hash_seed=ctx.hash_seed,
-            endpoint=ctx.names.proxy_url(spec.proxy.service.port),
+            endpoint=ctx.names.proxy_url(
+                ctx.port(ctx.names.workload(c.ROLE_PROXY), ports.HTTP, spec.proxy.service.port)
+            ),
         ),
         workloads=[
             RoleWorkload(role=u.role, kind=w["kind"], name=u.name, replicas=w["spec"].get("replicas"))

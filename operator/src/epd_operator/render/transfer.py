@@ -33,7 +33,7 @@ from epd_connectors.config.kv_transfer import (
 )
 from epd_operator.api import constants as c
 from epd_operator.derive import identity, ports
-from epd_operator.render.context import EC_SHARED_PATH, KV_SHARED_PATH, Context
+from epd_operator.render.context import EC_SUBDIR, KV_SUBDIR, Context, Unit
 
 ECConfig = ECMooncakeProducer | ECMooncakeConsumer | ECExampleConnectorConfig
 Protocol = Literal["rdma", "tcp"]
@@ -49,7 +49,7 @@ def encoder_ec(ctx: Context) -> ECConfig:
     if enc.connector == "shared-storage":
         return ECExampleConnectorConfig(
             ec_role="ec_producer",
-            ec_connector_extra_config=ECExampleExtra(shared_storage_path=EC_SHARED_PATH),
+            ec_connector_extra_config=ECExampleExtra(shared_storage_path=ctx.shared_path(EC_SUBDIR)),
         )
     reuse = enc.cross_encoder_cache
     extra = ECMooncakeProducerExtra(mooncake_protocol=_protocol(ctx))
@@ -66,19 +66,19 @@ def encoder_ec(ctx: Context) -> ECConfig:
     return ECMooncakeProducer(ec_buffer_device=enc.buffer_device, ec_connector_extra_config=extra)
 
 
-def consumer_ec(ctx: Context) -> ECConfig:
+def consumer_ec(ctx: Context, unit: Unit) -> ECConfig:
     """A prefill or PD instance's consumer config; ec_ip becomes the pod IP at launch."""
     enc = ctx.spec.encoder
     if enc.connector == "shared-storage":
         return ECExampleConnectorConfig(
             ec_role="ec_consumer",
-            ec_connector_extra_config=ECExampleExtra(shared_storage_path=EC_SHARED_PATH),
+            ec_connector_extra_config=ECExampleExtra(shared_storage_path=ctx.shared_path(EC_SUBDIR)),
         )
     return ECMooncakeConsumer(
         # Encoders and consumers run on the same kind of hardware; one setting keeps their pools alike.
         ec_buffer_device=enc.buffer_device,
         ec_ip=POD_IP_PLACEHOLDER,
-        ec_port=ports.EC_CONTROL_PORT,
+        ec_port=ctx.port(unit.name, ports.ec_port_name(0), ports.EC_CONTROL_PORT),
         ec_connector_extra_config=ECMooncakeConsumerExtra(mooncake_protocol=_protocol(ctx)),
     )
 
@@ -129,7 +129,7 @@ def kv_config(ctx: Context, role: str) -> AnyKVConfig | None:
         )
     return ExampleKVConnectorConfig(
         kv_role="kv_producer" if producer else "kv_consumer",
-        kv_connector_extra_config=ExampleKVExtra(shared_storage_path=KV_SHARED_PATH),
+        kv_connector_extra_config=ExampleKVExtra(shared_storage_path=ctx.shared_path(KV_SUBDIR)),
     )
 
 

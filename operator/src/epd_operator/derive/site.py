@@ -1,0 +1,117 @@
+"""Where a deployment runs: how one role reaches another (the network) and where its files are (the paths).
+
+This is the one seam between a cluster and a laptop. Render asks the site for every address it writes into a
+bundle: a host for a workload's Service, a port by workload and port name, and the host a server binds. In a
+cluster (`CLUSTER`, the default) that is the Service's DNS name and the fixed container ports of derive.ports,
+so the rendered objects do not change; the local runner passes a `LocalNetwork`, which gives every workload
+127.0.0.1 and its own ports, so many roles share one machine. Pure: no I/O, no sockets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final, Protocol
+
+from epd_operator.api import constants as c
+
+LOOPBACK: Final = "127.0.0.1"
+SHARED_DIR: Final = "/mnt/epd-shared"
+"""Where spec.sharedStorage is mounted in every pod that uses a shared-storage connector."""
+OFFLOAD_DIR: Final = "/mnt/epd-offload"
+"""The store client's SSD tier (MOONCAKE_OFFLOAD_FILE_STORAGE_PATH)."""
+DEFAULT_LOCAL_BASE_PORT: Final = 31000
+"""First port a LocalNetwork hands out (below Linux's ephemeral range, 32768 and up)."""
+
+
+class Network(Protocol):
+    """How roles address each other."""
+
+    @property
+    def bind_host(self) -> str | None:
+        """The address servers listen on; None keeps each config's default (all interfaces, as in a pod)."""
+        ...
+
+    @property
+    def lists_ec_consumers(self) -> bool:
+        """Whether the proxy's bundle lists each EC consumer's control address (a cluster's proxy learns them
+        from the consumers' pod IPs instead)."""
+        ...
+
+    def host(self, service: str, namespace: str) -> str:
+        """How any role reaches the workload called `service`."""
+        ...
+
+    def port(self, workload: str, name: str, default: int) -> int:
+        """The workload's port called `name` (derive.ports names); `default` is the cluster's fixed value."""
+        ...
+
+
+@dataclass(frozen=True)
+class ClusterNetwork:
+    """Kubernetes: Service DNS names ("<service>.<namespace>.svc", resolved through the pod's search path) and
+    fixed ports (every pod has its own network namespace, so equal ports on two pods never collide)."""
+
+    bind_host: str | None = None
+    lists_ec_consumers: bool = False
+
+    def host(self, service: str, namespace: str) -> str:
+        return f"{service}.{namespace}.svc"
+
+    def port(self, workload: str, name: str, default: int) -> int:
+        return default
+
+
+@dataclass
+class LocalNetwork:
+    """One machine, no cluster: every workload is 127.0.0.1 and every (workload, port name) gets its own port,
+    handed out in the order render asks, from `base_port` up, skipping `taken`. The same question always gets
+    the same answer, so the port a server binds and the port its peers dial can only agree."""
+
+    base_port: int = DEFAULT_LOCAL_BASE_PORT
+    taken: frozenset[int] = frozenset()
+    """Ports to skip (known to be in use)."""
+    assigned: dict[tuple[str, str], int] = field(default_factory=dict)
+    """(workload, port name) -> port: the address plan, filled while rendering."""
+
+    bind_host: str | None = LOOPBACK
+    lists_ec_consumers: bool = True
+
+    def host(self, service: str, namespace: str) -> str:
+        return LOOPBACK
+
+    def port(self, workload: str, name: str, default: int) -> int:
+        key = (workload, name)
+        if key not in self.assigned:
+            used = set(self.assigned.values()) | self.taken
+            candidate = self.base_port
+            while candidate in used:
+                candidate += 1
+            if candidate > 65535:
+                raise ValueError(f"no port left above {self.base_port} for {workload} {name}")
+            self.assigned[key] = candidate
+        return self.assigned[key]
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where a role's files are: the mounts of a pod by default, folders of a work directory locally."""
+
+    model_dir: str = c.MODEL_MOUNT_DIR
+    """The model volume; spec.model.path is relative to it."""
+    shared_dir: str = SHARED_DIR
+    """spec.sharedStorage (the EC connector uses <shared_dir>/ec, the KV connector <shared_dir>/kv)."""
+    work_dir: str = c.WORK_DIR
+    """The writable work folder (the master's tenant policy)."""
+    offload_dir: str = OFFLOAD_DIR
+
+
+@dataclass(frozen=True)
+class Site:
+    """The network and the paths together: everything that differs between a cluster and a laptop."""
+
+    network: Network = field(default_factory=ClusterNetwork)
+    paths: Paths = field(default_factory=Paths)
+
+
+CLUSTER: Final = Site()
+"""What the operator renders for Kubernetes."""

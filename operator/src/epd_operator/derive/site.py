@@ -32,9 +32,9 @@ class Network(Protocol):
         ...
 
     @property
-    def lists_ec_consumers(self) -> bool:
-        """Whether the proxy's bundle lists each EC consumer's control address (a cluster's proxy learns them
-        from the consumers' pod IPs instead)."""
+    def static_roster(self) -> bool:
+        """Whether the proxy's bundle lists every instance and EC consumer address and the proxy uses just that;
+        a cluster's proxy follows the Services' EndpointSlices instead (pods and their IPs come and go)."""
         ...
 
     def host(self, service: str, namespace: str) -> str:
@@ -52,7 +52,7 @@ class ClusterNetwork:
     fixed ports (every pod has its own network namespace, so equal ports on two pods never collide)."""
 
     bind_host: str | None = None
-    lists_ec_consumers: bool = False
+    static_roster: bool = False
 
     def host(self, service: str, namespace: str) -> str:
         return f"{service}.{namespace}.svc"
@@ -74,7 +74,7 @@ class LocalNetwork:
     """(workload, port name) -> port: the address plan, filled while rendering."""
 
     bind_host: str | None = LOOPBACK
-    lists_ec_consumers: bool = True
+    static_roster: bool = True
 
     def host(self, service: str, namespace: str) -> str:
         return LOOPBACK

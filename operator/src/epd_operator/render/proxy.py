@@ -23,21 +23,45 @@ PROXY_DEFAULT_REQUESTS: Final = {"cpu": "1", "memory": "1Gi"}
 def proxy_bundle(ctx: Context, units: list[Unit]) -> RoleBundle:
     """Where the proxy sends work: each role's Service (each prefill pool's), on vLLM's HTTP port."""
 
+    def endpoint(unit: Unit) -> Endpoint:
+        return Endpoint(host=ctx.names.host(unit.name), port=ctx.port(unit.name, ports.HTTP, ports.VLLM_HTTP_PORT))
+
     def endpoints(role: str) -> list[Endpoint]:
-        return [Endpoint(host=ctx.names.host(u.name), port=ports.VLLM_HTTP_PORT) for u in units if u.role == role]
+        return [endpoint(u) for u in units if u.role == role]
+
+    own = next(u for u in units if u.role == c.ROLE_PROXY)
+    settings = ProxySettings(
+        port=ctx.port(own.name, ports.HTTP, ports.PROXY_PORT),
+        encoder_affinity=ctx.spec.proxy.routing.encoder_affinity,
+        **ctx.bind_host,
+    )
 
     return RoleBundle(
         deployment=ctx.owner.name,
         namespace=ctx.owner.namespace,
         role=Role.PROXY,
-        proxy=ProxySettings(port=ports.PROXY_PORT, encoder_affinity=ctx.spec.proxy.routing.encoder_affinity),
+        proxy=settings,
         peers=Peers(
             encoders=endpoints(c.ROLE_ENCODER),
             prefill=endpoints(c.ROLE_PREFILL),
             decode=endpoints(c.ROLE_DECODE),
             pd=endpoints(c.ROLE_PD),
+            ec_consumers=_ec_consumers(ctx, units),
         ),
     )
+
+
+def _ec_consumers(ctx: Context, units: list[Unit]) -> list[str]:
+    """With a static roster (derive.site), each EC consumer's control address (TP rank 0, one instance per
+    unit), in the order of the consumer endpoints; empty in a cluster, where the proxy learns them from pods."""
+    if not ctx.site.network.static_roster or ctx.spec.encoder.connector != "mooncake":
+        return []
+    role = c.ROLE_PREFILL if ctx.spec.prefill is not None else c.ROLE_PD
+    return [
+        f"tcp://{ctx.names.host(u.name)}:{ctx.port(u.name, ports.ec_port_name(0), ports.EC_CONTROL_PORT)}"
+        for u in units
+        if u.role == role
+    ]
 
 
 def render_proxy_deployment(ctx: Context, unit: Unit, bundle_json: str) -> dict[str, Any]:

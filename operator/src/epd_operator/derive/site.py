@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 from epd_operator.api import constants as c
+from epd_operator.derive import ports
 
 LOOPBACK: Final = "127.0.0.1"
 SHARED_DIR: Final = "/mnt/epd-shared"
@@ -23,12 +24,23 @@ DEFAULT_LOCAL_BASE_PORT: Final = 31000
 """First port a LocalNetwork hands out (below Linux's ephemeral range, 32768 and up)."""
 
 
+LOCAL_PORT_SPANS: Final = {ports.ec_port_name(0): 8}
+"""Ports a LocalNetwork keeps free after the one it hands out: an EC consumer's TP rank r listens on its
+control port + r (derive.ports), so up to TP 8 fits."""
+
+
 class Network(Protocol):
     """How roles address each other."""
 
     @property
     def bind_host(self) -> str | None:
         """The address servers listen on; None keeps each config's default (all interfaces, as in a pod)."""
+        ...
+
+    @property
+    def own_address(self) -> str | None:
+        """The address a process advertises to its peers when the site knows it before the process starts;
+        None in a cluster, where only the pod knows its IP (the bundle says POD_IP_PLACEHOLDER)."""
         ...
 
     @property
@@ -52,6 +64,7 @@ class ClusterNetwork:
     fixed ports (every pod has its own network namespace, so equal ports on two pods never collide)."""
 
     bind_host: str | None = None
+    own_address: str | None = None
     static_roster: bool = False
 
     def host(self, service: str, namespace: str) -> str:
@@ -74,6 +87,7 @@ class LocalNetwork:
     """(workload, port name) -> port: the address plan, filled while rendering."""
 
     bind_host: str | None = LOOPBACK
+    own_address: str | None = LOOPBACK
     static_roster: bool = True
 
     def host(self, service: str, namespace: str) -> str:
@@ -82,11 +96,14 @@ class LocalNetwork:
     def port(self, workload: str, name: str, default: int) -> int:
         key = (workload, name)
         if key not in self.assigned:
-            used = set(self.assigned.values()) | self.taken
+            used = set(self.taken)
+            for (_, other), port in self.assigned.items():
+                used.update(range(port, port + LOCAL_PORT_SPANS.get(other, 1)))
+            span = LOCAL_PORT_SPANS.get(name, 1)
             candidate = self.base_port
-            while candidate in used:
+            while any(p in used for p in range(candidate, candidate + span)):
                 candidate += 1
-            if candidate > 65535:
+            if candidate + span - 1 > 65535:
                 raise ValueError(f"no port left above {self.base_port} for {workload} {name}")
             self.assigned[key] = candidate
         return self.assigned[key]

@@ -7,7 +7,7 @@ scaling the store clients must not roll the master or any vLLM role.
 
 from __future__ import annotations
 
-from epd_connectors.config.bundle import POD_IP_PLACEHOLDER, Peers, Role, RoleBundle
+from epd_connectors.config.bundle import Peers, Role, RoleBundle
 from epd_connectors.config.master import MasterConfig, TenantQuota, TenantQuotaPolicy
 from epd_connectors.config.mooncake import MooncakeStoreConfig, Protocol, StoreMode
 from epd_connectors.config.store_client import StoreClientConfig
@@ -60,13 +60,14 @@ def master_config(ctx: Context) -> MasterConfig:
 
 
 def store_client_config(ctx: Context, master: MasterConfig) -> StoreClientConfig:
-    """A standalone store client; `host` is replaced by the pod's IP at launch (POD_IP)."""
+    """A standalone store client; `host` is the site's own address, in a cluster the placeholder epd-launch
+    replaces with the pod's IP (POD_IP)."""
     store = _store(ctx)
     clients = store.clients
     offload = clients.offload.enabled
     workload = ctx.names.workload(c.ROLE_STORE_CLIENT)
     return StoreClientConfig(
-        host=POD_IP_PLACEHOLDER,
+        host=ctx.own_address,
         port=ctx.port(workload, ports.RPC, clients.port),
         global_segment_size=clients.segment_size,
         local_buffer_size=clients.local_buffer_size,

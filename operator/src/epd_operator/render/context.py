@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from epd_connectors.config.bundle import POD_IP_PLACEHOLDER
 from epd_operator.api import constants as c
 from epd_operator.api.resource import OperatorDefaults, Owner
 from epd_operator.api.spec import EPDDeploymentSpec
@@ -76,6 +77,12 @@ class Context:
         """`{"host": ...}` for a server config when the site binds one address, else {} (the config's default)."""
         host = self.site.network.bind_host
         return {"host": host} if host is not None else {}
+
+    @property
+    def own_address(self) -> str:
+        """What a process advertises to its peers: the site's address, else the placeholder epd-launch replaces
+        with POD_IP."""
+        return self.site.network.own_address or POD_IP_PLACEHOLDER
 
     def shared_path(self, subdir: str) -> str:
         return f"{self.site.paths.shared_dir}/{subdir}"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-from epd_connectors.config.bundle import POD_IP_PLACEHOLDER
 from epd_connectors.config.ec_transfer import (
     ECExampleConnectorConfig,
     ECExampleExtra,
@@ -67,7 +66,8 @@ def encoder_ec(ctx: Context) -> ECConfig:
 
 
 def consumer_ec(ctx: Context, unit: Unit) -> ECConfig:
-    """A prefill or PD instance's consumer config; ec_ip becomes the pod IP at launch."""
+    """A prefill or PD instance's consumer config; ec_ip is the site's own address (in a cluster, the pod IP
+    at launch)."""
     enc = ctx.spec.encoder
     if enc.connector == "shared-storage":
         return ECExampleConnectorConfig(
@@ -77,7 +77,7 @@ def consumer_ec(ctx: Context, unit: Unit) -> ECConfig:
     return ECMooncakeConsumer(
         # Encoders and consumers run on the same kind of hardware; one setting keeps their pools alike.
         ec_buffer_device=enc.buffer_device,
-        ec_ip=POD_IP_PLACEHOLDER,
+        ec_ip=ctx.own_address,
         ec_port=ctx.port(unit.name, ports.ec_port_name(0), ports.EC_CONTROL_PORT),
         ec_connector_extra_config=ECMooncakeConsumerExtra(mooncake_protocol=_protocol(ctx)),
     )

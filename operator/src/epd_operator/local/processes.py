@@ -1,0 +1,231 @@
+"""Run a LocalPlan: one `epd-launch <role> --bundle FILE` process per instance, as a pod would run it.
+
+Each instance gets a folder under the work directory (its bundle.json, epd-launch's workdir, vLLM's compile
+cache) and one log file. Every process starts in its own session, so stopping it signals its whole group (the
+vLLM API server and its engine core). `LocalDeployment.stop` stops everything it started, the proxy first and
+the store last, and is idempotent; the CLI calls it on SIGINT/SIGTERM and the tests at teardown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from epd_connectors.launch.plan import POD_IP_ENV
+from epd_operator.local.plan import POD_IP, Instance, LocalPlan, Readiness
+
+LAUNCH_MODULE: Final = "epd_connectors.launch.cli"
+"""`python -m epd_connectors.launch.cli` is `epd-launch`; run with the chosen interpreter, so the vLLM it execs
+is that environment's (`sys.executable -m vllm...`)."""
+DEFAULT_START_DEADLINE_S: Final = 900.0
+"""A tiny-model vLLM instance answers /health after about a minute on 2 idle cores; several at once take longer."""
+STOP_GRACE_S: Final = 20.0
+"""Seconds between SIGTERM and SIGKILL."""
+PROGRESS_EVERY_S: Final = 15.0
+
+
+class StartError(RuntimeError):
+    """An instance exited or stayed unready; ``str()`` is one line, ``log_tail`` the end of its log."""
+
+    def __init__(self, line: str, log_tail: str) -> None:
+        super().__init__(line)
+        self.log_tail = log_tail
+
+
+@dataclass
+class Running:
+    """One started instance."""
+
+    instance: Instance
+    popen: subprocess.Popen[bytes]
+    log: Path
+    started: float
+    ready_after: float | None = None
+
+    @property
+    def name(self) -> str:
+        return self.instance.name
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def tail(self, lines: int = 40) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self) -> None:
+        """SIGTERM to the group, SIGKILL to what is left after STOP_GRACE_S."""
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(timeout=STOP_GRACE_S)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=10)
+
+
+def is_ready(ready: Readiness) -> bool:
+    """One probe: the URL answers 200, or the TCP port accepts a connection."""
+    if ready.url is not None:
+        try:
+            with urllib.request.urlopen(ready.url, timeout=2) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+    if ready.tcp is not None:
+        try:
+            with socket.create_connection(ready.tcp, timeout=2):
+                return True
+        except OSError:
+            return False
+    return True
+
+
+def busy_ports(candidates: list[int]) -> frozenset[int]:
+    """The candidates something already listens on (or that we may not bind) on loopback."""
+    busy: set[int] = set()
+    for port in candidates:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((POD_IP, port))
+            except OSError:
+                busy.add(port)
+    return frozenset(busy)
+
+
+@dataclass
+class LocalDeployment:
+    """The processes of one plan. Use as a context manager, or call `stop()` yourself."""
+
+    plan: LocalPlan
+    workdir: Path
+    python: Path
+    """The interpreter that runs epd-launch (its environment has vLLM, Mooncake and epd-connectors)."""
+    say: Callable[[str], None] = print
+    running: list[Running] = field(default_factory=list)
+
+    def __enter__(self) -> LocalDeployment:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self, only: set[str] | None = None) -> None:
+        """Start every instance (or those whose role is in `only`), in the operator's order; epd-launch itself
+        makes store users wait for the master, so nothing here waits between starts."""
+        for folder in (self.plan.paths.shared_dir, self.plan.paths.work_dir, self.plan.paths.offload_dir):
+            Path(folder).mkdir(parents=True, exist_ok=True)
+        for sub in ("ec", "kv"):
+            (Path(self.plan.paths.shared_dir) / sub).mkdir(exist_ok=True)
+        for instance in self.plan.instances:
+            if only is None or instance.role.value in only:
+                self.running.append(self._start(instance))
+
+    def _start(self, instance: Instance) -> Running:
+        folder = self.workdir / instance.name
+        folder.mkdir(parents=True, exist_ok=True)
+        bundle_path = folder / "bundle.json"
+        bundle_path.write_text(instance.bundle_json, encoding="utf-8")
+        log = folder / "log.txt"
+        bin_dir = str(self.python.parent)
+        env = {
+            **os.environ,
+            POD_IP_ENV: POD_IP,
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+            "VIRTUAL_ENV": str(self.python.parent.parent),
+            # Its own compile cache: instances sharing one race on it, and this CPU build recompiles anyway.
+            "VLLM_CACHE_ROOT": str(folder / "vllm-cache"),
+            "PYTHONUNBUFFERED": "1",
+        }
+        argv = [str(self.python), "-m", LAUNCH_MODULE, instance.role.value]
+        argv += ["--bundle", str(bundle_path), "--workdir", str(folder / "launch")]
+        with log.open("wb") as out:
+            popen = subprocess.Popen(  # stopped by stop(); its own session, so its group can be signalled
+                argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=folder, start_new_session=True
+            )
+        self.say(f"started {instance.name} ({instance.role.value}, {instance.ready.describe()}), log {log}")
+        return Running(instance, popen, log, time.monotonic())
+
+    def wait_ready(self, deadline_s: float = DEFAULT_START_DEADLINE_S) -> None:
+        """Until every started instance is ready; progress lines while waiting; StartError for the first one
+        that exits or misses the deadline."""
+        pending = list(self.running)
+        last_note = time.monotonic()
+        while pending:
+            for run in list(pending):
+                elapsed = time.monotonic() - run.started
+                if is_ready(run.instance.ready):
+                    run.ready_after = elapsed
+                    pending.remove(run)
+                    self.say(f"ready   {run.name} after {elapsed:.0f}s")
+                elif not run.alive():
+                    raise StartError(
+                        f"{run.name} ({run.instance.role.value}) exited with code {run.popen.returncode} before "
+                        f"it was ready; log {run.log}",
+                        run.tail(),
+                    )
+                elif elapsed > deadline_s:
+                    raise StartError(
+                        f"{run.name} ({run.instance.role.value}) not ready after {deadline_s:.0f}s at "
+                        f"{run.instance.ready.describe()}; log {run.log}",
+                        run.tail(),
+                    )
+            if pending and time.monotonic() - last_note >= PROGRESS_EVERY_S:
+                last_note = time.monotonic()
+                waiting = ", ".join(f"{r.name} ({time.monotonic() - r.started:.0f}s)" for r in pending)
+                self.say(f"waiting for {waiting}")
+            if pending:
+                time.sleep(0.5)
+
+    def dead(self) -> list[Running]:
+        """Instances that have exited since they started."""
+        return [run for run in self.running if not run.alive()]
+
+    def stop(self) -> None:
+        """Stop everything this deployment started: the proxy and the vLLM roles together, then the store
+        clients, then the master (a store user outliving its master only logs reconnects)."""
+        waves: list[list[Running]] = [
+            [r for r in self.running if r.instance.role.value not in ("master", "store-client")],
+            [r for r in self.running if r.instance.role.value == "store-client"],
+            [r for r in self.running if r.instance.role.value == "master"],
+        ]
+        for wave in waves:
+            if wave:
+                with ThreadPoolExecutor(max_workers=len(wave)) as pool:
+                    list(pool.map(Running.stop, wave))
+        if self.running:
+            self.say(f"stopped {len(self.running)} processes")
+        self.running.clear()
+
+
+@contextlib.contextmanager
+def deployment(
+    plan: LocalPlan,
+    workdir: Path,
+    python: Path,
+    *,
+    say: Callable[[str], None] = print,
+    only: set[str] | None = None,
+    deadline_s: float = DEFAULT_START_DEADLINE_S,
+) -> Iterator[LocalDeployment]:
+    """Started and ready; stopped on the way out, whatever happens (also when starting fails)."""
+    local = LocalDeployment(plan, workdir, python, say)
+    try:
+        local.start(only)
+        local.wait_ready(deadline_s)
+        yield local
+    finally:
+        local.stop()

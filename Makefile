@@ -12,7 +12,7 @@ KUBECONFIG_PATH := .run/cluster/kubeconfig
 export PATH := $(CURDIR)/$(BIN_DIR):$(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: help setup setup-apt setup-python setup-k8s-tools lint fmt test test-unit test-cluster test-store \
-        setup-e2e test-e2e cluster-up cluster-down cluster-status demo bench clean crds images
+        setup-e2e test-e2e cluster-up cluster-down cluster-status demo demo-local bench clean crds images
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -73,6 +73,13 @@ cluster-down: ## stop the local control plane
 
 demo: setup ## bring the cluster up, run the operator and deploy the sample EPDDeployments until Ready
 	$(PY) -m epd_testenv.demo
+
+DEMO_LOCAL      ?= examples/local-e-pd.yaml
+DEMO_LOCAL_ARGS ?=
+demo-local: setup-python setup-e2e ## run examples/local-e-pd.yaml here: no cluster, no GPU (DEMO_LOCAL_ARGS=--once: stop after the sample)
+	@model=$$(HF_HUB_OFFLINE=1 $(VENV_E2E)/bin/python tools/tinymodel/make_tiny_qwen2vl.py --quiet | tail -n 1); \
+	$(PY) -m epd_operator.local run $(DEMO_LOCAL) --model "$$model" --python $(VENV_E2E)/bin/python \
+		--workdir .run/local --sample-request $(DEMO_LOCAL_ARGS)
 
 bench: setup ## every benchmark under bench/
 	@for b in bench/*/run.py; do [ -f "$$b" ] && $(PY) "$$b"; done

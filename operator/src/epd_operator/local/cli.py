@@ -12,7 +12,6 @@ the tail of the culprit's log; SIGINT and SIGTERM stop everything it started.
 from __future__ import annotations
 
 import argparse
-import random
 import signal
 import sys
 import tempfile
@@ -22,10 +21,6 @@ from types import FrameType
 
 from epd_operator.local import plan as local_plan
 from epd_operator.local import processes, profile, sample
-
-PORT_RANGE = (20000, 32000)
-"""Where the address plan starts (below Linux's ephemeral ports, so the kernel's own picks never collide)."""
-PLAN_ATTEMPTS = 20
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -51,23 +46,6 @@ def say(line: str) -> None:
     print(f"epd-local: {line}", flush=True)
 
 
-def make_plan(args: argparse.Namespace, workdir: Path) -> local_plan.LocalPlan:
-    """The plan on ports that are free right now (another base when one of them is taken)."""
-    owner, spec = local_plan.load_manifest(args.manifest)
-    model = args.model.absolute() if args.model else Path("/models")
-    paths = local_plan.local_paths(workdir, model)
-    chosen = profile.NONE if args.no_profile else profile.CPU
-    base = args.base_port or random.randrange(*PORT_RANGE)
-    taken: frozenset[int] = frozenset()
-    for _ in range(PLAN_ATTEMPTS):
-        plan = local_plan.plan_local(owner, spec, paths=paths, profile=chosen, base_port=base, taken=taken)
-        busy = processes.busy_ports(local_plan.all_ports(plan))
-        if not busy:
-            return plan
-        taken |= busy
-    raise local_plan.LocalPlanError([f"ports from {base}: kept finding ports in use. Fix: pass --base-port"])
-
-
 def print_plan(plan: local_plan.LocalPlan, only: set[str] | None) -> None:
     if plan.profile_changes:
         say("local profile (CPU-only machine; --no-profile to skip):")
@@ -88,7 +66,9 @@ def run(args: argparse.Namespace) -> int:
     only = set(args.roles.split(",")) if args.roles else None
     workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="epd-local-"))).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
-    plan = make_plan(args, workdir)
+    model = args.model.absolute() if args.model else Path("/models")
+    chosen = profile.NONE if args.no_profile else profile.CPU
+    plan = processes.plan_on_free_ports(args.manifest, workdir, model, chosen, args.base_port)
     print_plan(plan, only)
     if args.command == "plan":
         return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -23,7 +24,9 @@ from pathlib import Path
 from typing import Final
 
 from epd_connectors.launch.plan import POD_IP_ENV
+from epd_operator.local import plan as local_plan
 from epd_operator.local.plan import POD_IP, Instance, LocalPlan, Readiness
+from epd_operator.local.profile import LocalProfile
 
 LAUNCH_MODULE: Final = "epd_connectors.launch.cli"
 """`python -m epd_connectors.launch.cli` is `epd-launch`; run with the chosen interpreter, so the vLLM it execs
@@ -33,6 +36,9 @@ DEFAULT_START_DEADLINE_S: Final = 900.0
 STOP_GRACE_S: Final = 20.0
 """Seconds between SIGTERM and SIGKILL."""
 PROGRESS_EVERY_S: Final = 15.0
+PORT_RANGE: Final = (20000, 32000)
+"""Where an address plan starts (below Linux's ephemeral ports, so the kernel's own picks never collide)."""
+PLAN_ATTEMPTS: Final = 20
 
 
 class StartError(RuntimeError):
@@ -104,6 +110,23 @@ def busy_ports(candidates: list[int]) -> frozenset[int]:
             except OSError:
                 busy.add(port)
     return frozenset(busy)
+
+
+def plan_on_free_ports(
+    manifest: Path, workdir: Path, model: Path, chosen: LocalProfile, base_port: int | None = None
+) -> LocalPlan:
+    """The manifest's plan on ports that are free right now (replanned around any port found in use)."""
+    owner, spec = local_plan.load_manifest(manifest)
+    paths = local_plan.local_paths(workdir, model)
+    base = base_port or random.randrange(*PORT_RANGE)
+    taken: frozenset[int] = frozenset()
+    for _ in range(PLAN_ATTEMPTS):
+        plan = local_plan.plan_local(owner, spec, paths=paths, profile=chosen, base_port=base, taken=taken)
+        busy = busy_ports(local_plan.all_ports(plan))
+        if not busy:
+            return plan
+        taken |= busy
+    raise local_plan.LocalPlanError([f"ports from {base}: kept finding ports in use. Fix: pass --base-port"])
 
 
 @dataclass

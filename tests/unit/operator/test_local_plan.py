@@ -1,0 +1,177 @@
+"""The local runner's address plan and profile, without processes: render on a loopback site and read the bundles.
+
+The seam (derive.site) must leave a cluster's rendering untouched, and on the local site every address a role
+binds or dials must be 127.0.0.1 with a port of its own, decided while rendering (no placeholders, no DNS names).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from epd_connectors.config.bundle import POD_IP_PLACEHOLDER, Role
+from epd_connectors.config.ec_transfer import ECExampleConnectorConfig, ECMooncakeConsumer
+from epd_connectors.launch.plan import plan_launch
+from epd_operator.api.resource import OperatorDefaults
+from epd_operator.derive import ports
+from epd_operator.derive.site import CLUSTER, LOOPBACK, ClusterNetwork, LocalNetwork
+from epd_operator.local import plan as local_plan
+from epd_operator.local import profile
+from epd_operator.render import render_desired
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[3]
+LOCAL = ROOT / "examples" / "local-e-pd.yaml"
+OFFLOAD = ROOT / "examples" / "e-p-d-store-offload.yaml"
+CROSS = ROOT / "examples" / "e-pd-mooncake-cross-encoder.yaml"
+WORK = Path("/tmp/epd-local-test")
+MODEL = Path("/opt/models/tiny")
+
+
+def _plan(path: Path, chosen: profile.LocalProfile = profile.CPU, base: int = 30000) -> local_plan.LocalPlan:
+    owner, spec = local_plan.load_manifest(path)
+    paths = local_plan.local_paths(WORK, MODEL)
+    return local_plan.plan_local(owner, spec, paths=paths, profile=chosen, base_port=base)
+
+
+def _by_role(plan: local_plan.LocalPlan) -> dict[Role, list[local_plan.Instance]]:
+    out: dict[Role, list[local_plan.Instance]] = {}
+    for instance in plan.instances:
+        out.setdefault(instance.role, []).append(instance)
+    return out
+
+
+@pytest.mark.parametrize("path", [LOCAL, OFFLOAD, CROSS], ids=lambda p: p.stem)
+def test_the_cluster_site_is_the_default_rendering(path: Path) -> None:
+    owner, spec = local_plan.load_manifest(path)
+    assert render_desired(owner, spec, OperatorDefaults()) == render_desired(owner, spec, OperatorDefaults(), CLUSTER)
+
+
+def test_cluster_network_is_service_dns_and_fixed_ports() -> None:
+    network = ClusterNetwork()
+    assert network.host("tiny-vl-pd", "serving") == "tiny-vl-pd.serving.svc"
+    assert network.port("tiny-vl-pd", ports.HTTP, 8000) == 8000
+    assert network.own_address is None
+    assert not network.static_roster
+
+
+def test_local_network_gives_one_port_per_question_and_the_same_answer_twice() -> None:
+    network = LocalNetwork(base_port=40000, taken=frozenset({40001}))
+    a = network.port("x-encoder", ports.HTTP, 8000)
+    b = network.port("x-pd", ports.HTTP, 8000)
+    assert (a, b) == (40000, 40002)  # 40001 is taken
+    assert network.port("x-encoder", ports.HTTP, 1) == a
+    assert network.host("x-pd", "default") == LOOPBACK
+
+
+def test_local_network_keeps_room_for_every_tp_rank_of_an_ec_consumer() -> None:
+    network = LocalNetwork(base_port=40000)
+    ec = network.port("x-pd", ports.ec_port_name(0), 33333)
+    after = network.port("x-proxy", ports.HTTP, 8000)
+    assert after >= ec + 8
+
+
+def test_the_local_example_runs_every_role_on_loopback_with_its_own_port() -> None:
+    plan = _plan(LOCAL)
+    roles = _by_role(plan)
+    assert sorted(r.value for r in roles) == ["encoder", "pd", "proxy"]
+    every_port = [p for i in plan.instances for p in i.ports.values()]
+    assert len(every_port) == len(set(every_port))
+    assert all(30000 <= p < 30100 for p in every_port)
+    for instance in plan.instances:
+        assert ".svc" not in instance.bundle_json
+        assert POD_IP_PLACEHOLDER not in instance.bundle_json
+    proxy = roles[Role.PROXY][0].bundle
+    assert proxy.proxy is not None and proxy.proxy.host == LOOPBACK
+    assert plan.endpoint == f"http://{LOOPBACK}:{proxy.proxy.port}"
+    for role, peers in ((Role.ENCODER, proxy.peers.encoders), (Role.PD, proxy.peers.pd)):
+        server = roles[role][0].bundle.vllm
+        assert server is not None
+        assert [(e.host, e.port) for e in peers] == [(LOOPBACK, server.port)]
+        assert server.host == LOOPBACK
+        assert roles[role][0].ready.url == f"http://{LOOPBACK}:{server.port}/health"
+    assert not proxy.env.get("EPD_PROXY_DISCOVER")  # a static roster: nothing to discover on a laptop
+
+
+def test_the_local_example_uses_the_model_folder_and_a_shared_folder_of_the_work_directory() -> None:
+    roles = _by_role(_plan(LOCAL))
+    encoder, pd = roles[Role.ENCODER][0].bundle, roles[Role.PD][0].bundle
+    assert encoder.vllm is not None and pd.vllm is not None
+    assert encoder.vllm.model == pd.vllm.model == str(MODEL)
+    assert pd.vllm.block_size == 32
+    for bundle in (encoder, pd):
+        assert isinstance(bundle.ec_transfer, ECExampleConnectorConfig)
+        assert bundle.ec_transfer.ec_connector_extra_config.shared_storage_path == str(WORK / "shared" / "ec")
+        assert bundle.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+        assert bundle.env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+        assert bundle.env["HF_HUB_OFFLINE"] == "1"
+
+
+def test_epd_launch_runs_the_local_bundle_on_the_planned_port() -> None:
+    pd = _by_role(_plan(LOCAL))[Role.PD][0]
+    launch = plan_launch(pd.bundle, workdir="/tmp/w", bundle_path="/tmp/b.json", environ={"POD_IP": LOOPBACK})
+    argv = launch.argv
+    assert argv[argv.index("--port") + 1] == str(pd.ports[ports.HTTP])
+    assert argv[argv.index("--host") + 1] == LOOPBACK
+    assert argv[argv.index("--block-size") + 1] == "32"
+
+
+def test_the_store_deployment_points_every_store_user_at_the_local_master() -> None:
+    plan = _plan(OFFLOAD)
+    roles = _by_role(plan)
+    master = roles[Role.MASTER][0]
+    client = roles[Role.STORE_CLIENT][0].bundle.store_client
+    assert master.bundle.master is not None and client is not None
+    rpc, metrics = master.ports[ports.RPC], master.ports[ports.METRICS]
+    assert (master.bundle.master.rpc_port, master.bundle.master.metrics_port) == (rpc, metrics)
+    assert client.master_server_address == f"{LOOPBACK}:{rpc}"
+    assert client.host == LOOPBACK and client.protocol == "tcp"
+    assert client.global_segment_size <= 256 * 1024**2
+    for instance in roles[Role.PREFILL] + roles[Role.DECODE]:
+        mooncake = instance.bundle.mooncake
+        assert mooncake is not None
+        assert mooncake.master_server_address == f"{LOOPBACK}:{rpc}"
+        assert instance.bundle.peers.master_health_url == f"http://{LOOPBACK}:{metrics}/health"
+    assert master.ready.url == f"http://{LOOPBACK}:{metrics}/health"
+    assert roles[Role.STORE_CLIENT][0].ready.tcp == (LOOPBACK, client.port)
+
+
+def test_the_proxy_lists_each_ec_consumer_and_bootstrap_port_of_the_local_prefills() -> None:
+    roles = _by_role(_plan(OFFLOAD))
+    proxy = roles[Role.PROXY][0].bundle
+    expected = []
+    for prefill in roles[Role.PREFILL]:
+        ec = prefill.bundle.ec_transfer
+        assert isinstance(ec, ECMooncakeConsumer)
+        assert (ec.ec_ip, ec.ec_port) == (LOOPBACK, prefill.ports[ports.ec_port_name(0)])
+        expected.append(f"tcp://{LOOPBACK}:{ec.ec_port}")
+    assert proxy.peers.ec_consumers == expected
+    assert [e.port for e in proxy.peers.prefill] == [p.ports[ports.HTTP] for p in roles[Role.PREFILL]]
+
+
+def test_the_cpu_profile_says_what_it_changes_and_keeps_what_the_spec_sets() -> None:
+    _, spec = local_plan.load_manifest(OFFLOAD)
+    adjusted, changes = profile.apply_profile(spec, profile.CPU)
+    assert "spec.model.blockSize: None -> 32" in changes
+    assert "spec.store.protocol: 'rdma' -> 'tcp'" in changes
+    assert "spec.encoder.replicas: 2 -> 1" in changes
+    assert adjusted.encoder.buffer_device == "cpu"
+    user = spec.model_copy(update={"decode": spec.decode.model_copy(update={"env": {"VLLM_CPU_KVCACHE_SPACE": "4"}})})
+    adjusted, _ = profile.apply_profile(user, profile.CPU)
+    assert adjusted.decode.env["VLLM_CPU_KVCACHE_SPACE"] == "4"
+    assert profile.apply_profile(spec, profile.NONE) == (spec, [])
+
+
+def test_without_the_profile_more_than_one_replica_is_refused_with_the_fix() -> None:
+    with pytest.raises(local_plan.LocalPlanError) as caught:
+        _plan(OFFLOAD, profile.NONE)
+    assert any("replicas = 2" in p and "Fix: set its replicas to 1" in p for p in caught.value.problems)
+
+
+def test_a_file_that_is_not_an_epddeployment_is_one_clear_line(tmp_path: Path) -> None:
+    bad = tmp_path / "x.yaml"
+    bad.write_text("kind: Deployment\n")
+    with pytest.raises(local_plan.LocalPlanError, match="not an EPDDeployment manifest"):
+        local_plan.load_manifest(bad)

@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import signal
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -55,6 +54,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 FIRST_TOKEN_TIMEOUT_S = 3.0
 """The PD-down proxy's first-token limit: a frozen PD must cost the client this, not a hang."""
 PROBE_INTERVAL_S = 0.5
+KILL_AT = 10
+"""The encoder-kill test's request (of 16) before which the second encoder dies."""
 
 
 @dataclass
@@ -127,16 +128,19 @@ def test_encoder_killed_mid_run_is_routed_around(spares: Spares, tmp_path: Path)
         served_by_second = metric(proxy, "epd_proxy_backend_requests_total", role="encoder", instance=second)
         assert served_by_second > 0, "the second encoder should have had work before it was killed"
 
-        # Kill the second encoder while the remaining requests are in flight.
-        killer = threading.Timer(0.2, kill, args=(spares.encoder,))
-        killer.start()
-        try:
-            with ThreadPoolExecutor(max_workers=2) as pool:
-                rest = list(pool.map(lambda n: ask(proxy, bodies[n], n), range(8, 16)))
-        finally:
-            killer.join()
+        # Kill the second encoder while the remaining requests flow: the worker that takes request 10 (an image
+        # of the second encoder's, as are 12 and 14) kills it first, while the other worker has one in flight.
+        def ask_or_kill(n: int) -> Output:
+            if n == KILL_AT:
+                kill(spares.encoder)
+            return ask(proxy, bodies[n], n)
+
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            rest = list(pool.map(ask_or_kill, range(8, 16)))
         got.update(zip(range(8, 16), rest, strict=True))
         assert not spares.encoder.alive()
+        unhealthy = metric(proxy, "epd_proxy_roster_instances", role="encoder", state="unhealthy")
+        assert unhealthy == 1, "the dead encoder should be out of routing"
 
         # Every request succeeded with the baseline's output, and the images meant for the dead encoder got
         # there by another way: a retry on the first encoder, or (once evicted) a second choice.

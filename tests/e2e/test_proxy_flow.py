@@ -196,6 +196,8 @@ def test_text_only_through_the_proxy_equals_baseline_and_skips_the_encoder(fleet
         got = generate(proxy.url, completion, stream, f"proxy completion stream={stream}", "/v1/completions")
         assert got == expected_completion
     assert Counts.read(proxy).since(before) == Counts(0, 0, 0, 4), "text only must not touch the encoder"
+    models = http(proxy.url + "/v1/models")
+    assert models.status == 200 and [m["id"] for m in models.json()["data"]] == [SERVED_MODEL]
 
 
 def test_one_image_through_the_proxy_equals_baseline_via_image_embeds(fleet: Fleet, proxy: LocalProxy) -> None:

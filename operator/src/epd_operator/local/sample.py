@@ -12,6 +12,7 @@ import zlib
 from typing import Any
 
 SAMPLE_PROMPT = "Describe this image."
+CURL_PROMPT = "Hello, who are you?"
 
 
 def png_bytes(width: int = 64, height: int = 64, seed: int = 0) -> bytes:
@@ -36,7 +37,7 @@ def image_data_url(seed: int = 0) -> str:
 
 def chat_body(model: str, *, image: bool = True, max_tokens: int = 16) -> dict[str, Any]:
     """Greedy, so the answer is the same every time (and equal to a single instance's)."""
-    content: list[dict[str, Any]] = [{"type": "text", "text": SAMPLE_PROMPT}]
+    content: list[dict[str, Any]] = [{"type": "text", "text": SAMPLE_PROMPT if image else CURL_PROMPT}]
     if image:
         content.insert(0, {"type": "image_url", "image_url": {"url": image_data_url()}})
     return {

@@ -56,6 +56,9 @@ CHILD_KINDS = (
     ("v1", "services"),
     ("networking.k8s.io/v1", "networkpolicies"),
     ("policy/v1", "poddisruptionbudgets"),
+    ("v1", "serviceaccounts"),
+    ("rbac.authorization.k8s.io/v1", "roles"),
+    ("rbac.authorization.k8s.io/v1", "rolebindings"),
     *WORKLOADS,
 )
 """Every kind the operator may create (apply.MANAGED_KINDS, spelled as REST paths)."""

@@ -231,6 +231,13 @@ GRANTED: tuple[Access, ...] = (
     *((v, "", r, "") for r in ("configmaps", "services") for v in ("list", "create", "patch", "delete")),
     *((v, "networking.k8s.io", "networkpolicies", "") for v in ("list", "create", "patch", "delete")),
     *((v, "policy", "poddisruptionbudgets", "") for v in ("list", "create", "patch", "delete")),
+    *((v, "", "serviceaccounts", "") for v in ("list", "create", "patch", "delete")),
+    *(
+        (v, "rbac.authorization.k8s.io", r, "")
+        for r in ("roles", "rolebindings")
+        for v in ("list", "create", "patch", "delete")
+    ),
+    *((v, "discovery.k8s.io", "endpointslices", "") for v in ("get", "list", "watch")),
     ("create", "", "events", ""),
 )
 DENIED: tuple[Access, ...] = (
@@ -246,8 +253,12 @@ DENIED: tuple[Access, ...] = (
     ("get", "apps", "deployments", ""),
     ("watch", "", "configmaps", ""),
     ("update", "", "configmaps", ""),
-    ("create", "", "serviceaccounts", ""),
-    ("create", "rbac.authorization.k8s.io", "rolebindings", ""),
+    ("update", "", "serviceaccounts", ""),
+    ("create", "", "serviceaccounts", "token"),
+    ("create", "rbac.authorization.k8s.io", "clusterrolebindings", ""),
+    ("escalate", "rbac.authorization.k8s.io", "roles", ""),
+    ("bind", "rbac.authorization.k8s.io", "roles", ""),
+    ("create", "discovery.k8s.io", "endpointslices", ""),
     ("create", "", "persistentvolumeclaims", ""),
     ("delete", "", "events", ""),
 )

@@ -83,6 +83,9 @@ WATCHED_RULES = (
     | flat("", ["configmaps", "services"], ["list", "create", "patch", "delete"])
     | flat("networking.k8s.io", ["networkpolicies"], ["list", "create", "patch", "delete"])
     | flat("policy", ["poddisruptionbudgets"], ["list", "create", "patch", "delete"])
+    | flat("", ["serviceaccounts"], ["list", "create", "patch", "delete"])
+    | flat("rbac.authorization.k8s.io", ["roles", "rolebindings"], ["list", "create", "patch", "delete"])
+    | flat("discovery.k8s.io", ["endpointslices"], ["get", "list", "watch"])
     | flat("", ["events"], ["create"])
 )
 """What the operator needs where it serves EPDDeployments, and nothing else."""

@@ -46,6 +46,9 @@ MANAGED_KINDS: tuple[Kind, ...] = (
     Kind("v1", "ConfigMap", "configmaps"),
     Kind("v1", "Service", "services"),
     Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
+    Kind("v1", "ServiceAccount", "serviceaccounts"),
+    Kind("rbac.authorization.k8s.io/v1", "Role", "roles"),
+    Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
     Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
     Kind("apps/v1", "StatefulSet", "statefulsets"),
     Kind("apps/v1", "DaemonSet", "daemonsets"),
@@ -136,13 +139,25 @@ async def apply(client: _kube.Requester, obj: dict[str, Any]) -> dict[str, Any]:
     """Server-side apply of one object of any managed kind (forced, our field manager); the live object."""
     kind = kind_of(obj)
     meta = obj["metadata"]
-    return await client.request(
-        "PATCH",
-        f"{kind.collection(meta['namespace'])}/{meta['name']}",
-        query={"fieldManager": c.FIELD_MANAGER, "force": "true"},
-        body=obj,
-        content_type=_kube.APPLY_PATCH,
-    )
+    try:
+        return await client.request(
+            "PATCH",
+            f"{kind.collection(meta['namespace'])}/{meta['name']}",
+            query={"fieldManager": c.FIELD_MANAGER, "force": "true"},
+            body=obj,
+            content_type=_kube.APPLY_PATCH,
+        )
+    except _kube.NotFoundError as exc:
+        # An apply creates what is missing, so a 404 names something else that is not there yet: the API
+        # server answers one when a RoleBinding's Role, created a moment earlier, is not in its cache yet
+        # (the escalation check of a binding made by a non-admin). Worth a retry, not a permanent failure.
+        raise RetryableNotFoundError(exc.method, exc.path, exc.status, exc.reason, exc.message) from exc
+
+
+class RetryableNotFoundError(_kube.NotFoundError):
+    """404 answered to an apply (see `apply`): retried with backoff."""
+
+    retryable = True
 
 
 def selector(owner_name: str) -> str:

@@ -157,7 +157,9 @@ def test_every_pod_is_hardened_and_runs_epd_launch_for_its_role(name: str) -> No
         pod = w["spec"]["template"]["spec"]
         role = w["metadata"]["labels"][c.LABEL_ROLE]
         assert pod["securityContext"]["runAsNonRoot"] is True
-        assert pod["automountServiceAccountToken"] is False
+        # Only the proxy talks to the API server (EndpointSlices), under its own ServiceAccount.
+        assert pod["automountServiceAccountToken"] is (role == c.ROLE_PROXY)
+        assert pod.get("serviceAccountName") == (w["metadata"]["name"] if role == c.ROLE_PROXY else None)
         for container in pod["containers"]:
             sc = container["securityContext"]
             assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
@@ -169,6 +171,25 @@ def test_every_pod_is_hardened_and_runs_epd_launch_for_its_role(name: str) -> No
             assert env["EPD_WORKDIR"]["value"] == c.WORK_DIR
             assert {m["mountPath"] for m in container["volumeMounts"]} >= {c.WORK_DIR, c.BUNDLE_MOUNT_DIR}
             assert "readinessProbe" in container and "livenessProbe" in container
+
+
+@pytest.mark.parametrize("name", [CROSS, OFFLOAD, SHARED])
+def test_the_proxy_follows_endpointslices_with_a_role_that_allows_only_that(name: str) -> None:
+    desired = render(example(name))
+    proxy = next(w for w in workloads(desired) if w["metadata"]["labels"][c.LABEL_ROLE] == c.ROLE_PROXY)
+    account = proxy["spec"]["template"]["spec"]["serviceAccountName"]
+    by_kind = {o["kind"]: o for o in desired.objects if o["metadata"]["name"] == account}
+    assert set(by_kind) >= {"ServiceAccount", "Role", "RoleBinding"}
+    assert by_kind["Role"]["rules"] == [
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}
+    ]
+    assert by_kind["RoleBinding"]["subjects"][0]["name"] == account
+    env = bundles(desired)[account].env
+    assert env["EPD_PROXY_DISCOVER"] == "1"
+    spec = example(name)
+    assert ("EPD_PROXY_EC_PORT" in env) == (spec.get("encoder", {}).get("connector", "mooncake") == "mooncake")
+    kv = spec.get("prefill", {}).get("kv", {})
+    assert (env.get("EPD_PROXY_KV_PROTOCOL") == "mooncake") == (kv.get("connector") in ("mooncake", "mooncake+store"))
 
 
 def test_objects_come_in_apply_order_with_labels_and_owner() -> None:

@@ -105,7 +105,7 @@ def pod_template(ctx: Context, params: PodParams) -> dict[str, Any]:
     if params.probes.startup is not None:
         container["startupProbe"] = params.probes.startup
     spec: dict[str, Any] = {
-        # No pod talks to the API server; the proxy finds pods through the headless Services' DNS.
+        # Pods do not talk to the API server (the proxy, which follows EndpointSlices, opts in).
         "automountServiceAccountToken": False,
         # Service env vars (e.g. VLLM_* for a deployment named "vllm") could reach vLLM's own settings.
         "enableServiceLinks": False,

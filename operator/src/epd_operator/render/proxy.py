@@ -1,8 +1,9 @@
 """The proxy's bundle, Deployment and Service: the deployment's one entry point.
 
 The proxy's peers are Service DNS names, never pod lists, so scaling any role leaves the proxy's bundle (and
-its pods) untouched; the proxy resolves the headless Services to pods at run time, and learns each EC
-consumer's control address from the consumers' pod IPs, so peers.ec_consumers stays empty here.
+its pods) untouched. At run time the proxy watches those Services' EndpointSlices (its own ServiceAccount may
+read them, nothing else), so it knows every pod: encoder affinity needs the individual encoders, and an EC
+push needs each consumer pod's control address, so peers.ec_consumers stays empty here.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any, Final
 from epd_connectors.config.bundle import Endpoint, Peers, ProxySettings, Role, RoleBundle
 from epd_operator.api import constants as c
 from epd_operator.derive import ports
-from epd_operator.render import objects
+from epd_operator.render import meta, objects, transfer
 from epd_operator.render.context import Context, Unit
 from epd_operator.render.pod import PodParams, Probes, http_get, pod_template
 
@@ -40,6 +41,7 @@ def proxy_bundle(ctx: Context, units: list[Unit]) -> RoleBundle:
         deployment=ctx.owner.name,
         namespace=ctx.owner.namespace,
         role=Role.PROXY,
+        env=proxy_env(ctx, units),
         proxy=settings,
         peers=Peers(
             encoders=endpoints(c.ROLE_ENCODER),
@@ -64,6 +66,49 @@ def _ec_consumers(ctx: Context, units: list[Unit]) -> list[str]:
     ]
 
 
+def proxy_env(ctx: Context, units: list[Unit]) -> dict[str, str]:
+    """epd-proxy's settings beyond the bundle's peers (its EPD_PROXY_* variables): discovery, and what the
+    transfer connectors need from it."""
+    # A static roster (derive.site: the local runner) lists every instance and EC address in the peers.
+    static = ctx.site.network.static_roster
+    env = {} if static else {"EPD_PROXY_DISCOVER": "1"}
+    consumers = [u for u in units if u.role in (c.ROLE_PREFILL, c.ROLE_PD)]
+    if ctx.spec.encoder.connector == "mooncake" and consumers and not static:
+        # The proxy tells each encoder which consumer pod to push to: pod IP + the control port of its rank 0.
+        env["EPD_PROXY_EC_PORT"] = str(ports.EC_CONTROL_PORT)
+        env["EPD_PROXY_EC_TP_SIZE"] = str(consumers[0].tensor_parallel_size)
+    if transfer.uses_p2p_kv(ctx):
+        # MooncakeConnector: the decode pulls from the prefill pod found through its bootstrap server.
+        env["EPD_PROXY_KV_PROTOCOL"] = "mooncake"
+        bootstrap = [
+            ctx.port(u.name, ports.BOOTSTRAP, ports.KV_BOOTSTRAP_PORT) for u in units if u.role == c.ROLE_PREFILL
+        ]
+        env["EPD_PROXY_PREFILL_BOOTSTRAP_PORT"] = ",".join(str(p) for p in dict.fromkeys(bootstrap))
+    return env
+
+
+DISCOVERY_RULES: Final = [
+    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}
+]
+"""All the proxy may do with the API: follow the EndpointSlices of its deployment's Services."""
+
+
+def render_proxy_rbac(ctx: Context, unit: Unit) -> list[dict[str, Any]]:
+    """The proxy's ServiceAccount, a Role that reads EndpointSlices in this namespace, and their binding."""
+    metadata = meta.metadata(ctx.owner, unit.name, unit.role)
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": metadata, "rules": DISCOVERY_RULES},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": metadata,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": unit.name},
+            "subjects": [{"kind": "ServiceAccount", "name": unit.name, "namespace": ctx.owner.namespace}],
+        },
+    ]
+
+
 def render_proxy_deployment(ctx: Context, unit: Unit, bundle_json: str) -> dict[str, Any]:
     res = ctx.spec.proxy.resources
     resources: dict[str, Any] = {"requests": dict(res.requests) or dict(PROXY_DEFAULT_REQUESTS)}
@@ -80,7 +125,11 @@ def render_proxy_deployment(ctx: Context, unit: Unit, bundle_json: str) -> dict[
         ),
         resources=resources,
     )
-    return objects.render_deployment(ctx, unit, pod_template(ctx, params))
+    template = pod_template(ctx, params)
+    # The one pod that talks to the API server (EndpointSlices), under its own narrow ServiceAccount.
+    template["spec"]["serviceAccountName"] = unit.name
+    template["spec"]["automountServiceAccountToken"] = True
+    return objects.render_deployment(ctx, unit, template)
 
 
 def render_proxy_service(ctx: Context, unit: Unit) -> dict[str, Any]:

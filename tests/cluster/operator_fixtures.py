@@ -255,13 +255,16 @@ class Operator:
         self.metrics_port, self.liveness_port = free_port(), free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
+    def scope(self) -> list[str]:
+        """Which namespaces the operator serves: the tests' own, by prefix."""
+        return ["--namespace", f"{NAMESPACE_PREFIX}*"]
+
     def argv(self) -> list[str]:
         return [
             sys.executable,
             "-m",
             "epd_operator.main",
-            "--namespace",
-            f"{NAMESPACE_PREFIX}*",
+            *self.scope(),
             "--kubeconfig",
             str(self.kubeconfig),
             "--metrics-host",

@@ -16,7 +16,6 @@ import json
 import os
 import pathlib
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -157,21 +156,8 @@ class ChartOperator(Operator):
     def __init__(self, kubeconfig: pathlib.Path, log: pathlib.Path, scope: tuple[str, ...]) -> None:
         super().__init__(kubeconfig, log, scope)
 
-    def argv(self) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "epd_operator.main",
-            "--kubeconfig",
-            str(self.kubeconfig),
-            "--metrics-host",
-            "127.0.0.1",
-            "--metrics-port",
-            str(self.metrics_port),
-            "--liveness",
-            f"http://127.0.0.1:{self.liveness_port}/healthz",
-            *self.extra,
-        ]
+    def scope(self) -> list[str]:
+        return []  # the chart's scope arrives in `extra` (--namespace ... or --all-namespaces)
 
 
 def whoami(kube: Kube) -> str:

@@ -95,14 +95,22 @@ DISCOVERY_RULES: Final = [
 
 def render_proxy_rbac(ctx: Context, unit: Unit) -> list[dict[str, Any]]:
     """The proxy's ServiceAccount, a Role that reads EndpointSlices in this namespace, and their binding."""
-    metadata = meta.metadata(ctx.owner, unit.name, unit.role)
+
+    def metadata() -> dict[str, Any]:  # one dict per object: a caller may change one object's metadata
+        return meta.metadata(ctx.owner, unit.name, unit.role)
+
     return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": metadata, "rules": DISCOVERY_RULES},
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata()},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": metadata(),
+            "rules": [dict(rule) for rule in DISCOVERY_RULES],
+        },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "RoleBinding",
-            "metadata": metadata,
+            "metadata": metadata(),
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": unit.name},
             "subjects": [{"kind": "ServiceAccount", "name": unit.name, "namespace": ctx.owner.namespace}],
         },

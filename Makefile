@@ -50,7 +50,7 @@ test: setup ## every tier but e2e: unit, store (real Mooncake), cluster (real co
 test-unit: setup-python ## the quick pure tests only
 	$(PYTEST) -m unit
 
-test-store: setup-python setup-apt ## tests against real mooncake_master / mooncake_client processes
+test-store: setup ## tests against real mooncake_master / mooncake_client processes (HA ones use the built etcd)
 	$(PYTEST) -m store
 
 test-cluster: setup ## tests against the local control plane

@@ -191,7 +191,7 @@ class Mooncake:
         """Start a single-member etcd for HA masters; returns its client endpoint HOST:PORT."""
         binary = shutil.which("etcd") or str(REPO / ".cache" / "bin" / "etcd")
         if not Path(binary).is_file():
-            pytest.skip("no etcd binary (built into .cache/bin by `make setup-k8s-tools`)")
+            pytest.fail("no etcd binary: build it into .cache/bin with `make setup-k8s-tools` (make test does)")
         client, peer = f"http://{LOOPBACK}:{free_port()}", f"http://{LOOPBACK}:{free_port()}"
         argv = [
             binary,

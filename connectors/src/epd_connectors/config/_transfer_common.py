@@ -57,11 +57,6 @@ def load_json_object(text: str) -> dict[str, Any]:
     return data
 
 
-def problem(field: str, value: object, issue: str, fix: str) -> str:
-    """One rule violation as a line in the shared message format (for checks that collect problems)."""
-    return str(rule_error(field, value, issue, fix))
-
-
 def check_port(field: str, value: int) -> int:
     """A TCP port in 1..65535."""
     if not 1 <= value <= MAX_PORT:

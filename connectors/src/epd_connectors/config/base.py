@@ -29,6 +29,11 @@ def rule_error(field: str, value: object, problem: str, fix: str) -> ValueError:
     return ValueError(f"{field} = {value!r}: {problem}. Fix: {fix}")
 
 
+def problem(field: str, value: object, issue: str, fix: str) -> str:
+    """One rule violation as a line in the same format (for checks that collect problems instead of raising)."""
+    return str(rule_error(field, value, issue, fix))
+
+
 def describe_validation_error(exc: ValidationError) -> list[str]:
     """One line per error, with the dotted location of the field, for CLI output and Kubernetes conditions."""
     lines = []

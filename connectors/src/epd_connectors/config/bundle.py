@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from epd_connectors.config.base import ConfigError, ConfigModel, describe_validation_error, rule_error
+from epd_connectors.config.base import ConfigError, ConfigModel, describe_validation_error
 from epd_connectors.config.bundle_rules import role_section_problems
 from epd_connectors.config.ec_transfer import ECTransferConfig
 from epd_connectors.config.kv_transfer import KVTransferConfig
@@ -151,8 +151,3 @@ def load_bundle(path: Path) -> RoleBundle:
 def bundle_json_schema() -> dict[str, Any]:
     """The exported JSON schema of the bundle; the operator's rendering is tested against it."""
     return RoleBundle.model_json_schema(by_alias=True)
-
-
-def require(condition: bool, field: str, value: object, problem: str, fix: str) -> list[str]:
-    """An empty list, or the one rule message; lets rule lists read as a flat sequence of checks."""
-    return [] if condition else [str(rule_error(field, value, problem, fix))]

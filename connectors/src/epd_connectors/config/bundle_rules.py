@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from epd_connectors.config.base import problem
 from epd_connectors.config.ec_transfer import ECMooncakeProducer
 from epd_connectors.config.kv_transfer import MooncakeStoreConnectorConfig, connectors_of
 from epd_connectors.config.mooncake import StoreMode
@@ -45,10 +46,6 @@ _OWNED_ENV = (
 )
 
 
-def _msg(field: str, value: object, problem: str, fix: str) -> str:
-    return f"{field} = {value!r}: {problem}. Fix: {fix}"
-
-
 def role_section_problems(bundle: RoleBundle) -> list[str]:
     """Every problem with the bundle as a whole, one message each; empty when it can be launched."""
     role = bundle.role.value
@@ -56,14 +53,14 @@ def role_section_problems(bundle: RoleBundle) -> list[str]:
     for section in _SECTIONS:
         present = getattr(bundle, section) is not None
         if present and section not in _ALLOWED[role]:
-            found.append(_msg(section, "set", f"a {role} bundle does not use it", f"remove {section}"))
+            found.append(problem(section, "set", f"a {role} bundle does not use it", f"remove {section}"))
     required = _REQUIRED[role]
     if getattr(bundle, required) is None:
-        found.append(_msg(required, None, f"a {role} bundle needs it", f"give the {required} section"))
+        found.append(problem(required, None, f"a {role} bundle needs it", f"give the {required} section"))
     for name in _OWNED_ENV:
         if name in bundle.env:
             found.append(
-                _msg(
+                problem(
                     f"env.{name}",
                     bundle.env[name],
                     "is set by epd-launch from the bundle's typed sections",
@@ -82,7 +79,7 @@ def _store_client_problems(bundle: RoleBundle) -> list[str]:
     if bundle.store_client is None or bundle.peers.master_health_url:
         return []
     return [
-        _msg(
+        problem(
             "peers.master_health_url",
             None,
             "a store client must wait for the master (setup() blocks ~90 s without one)",
@@ -106,7 +103,7 @@ def _vllm_problems(bundle: RoleBundle) -> list[str]:
     found: list[str] = []
     if server.role != bundle.role.value:
         found.append(
-            _msg(
+            problem(
                 "vllm.role",
                 server.role,
                 f"differs from the bundle's role {bundle.role.value}",
@@ -120,7 +117,7 @@ def _vllm_problems(bundle: RoleBundle) -> list[str]:
         return found
     if not needs_store(bundle):
         found.append(
-            _msg(
+            problem(
                 "mooncake",
                 "set",
                 "no connector of this role uses the Mooncake store",
@@ -129,7 +126,7 @@ def _vllm_problems(bundle: RoleBundle) -> list[str]:
         )
     if not bundle.peers.master_health_url:
         found.append(
-            _msg(
+            problem(
                 "peers.master_health_url",
                 None,
                 "a store user must wait for the master (setup() blocks ~90 s without one)",
@@ -139,7 +136,7 @@ def _vllm_problems(bundle: RoleBundle) -> list[str]:
     standalone = mooncake.mode is StoreMode.STANDALONE_STORE
     if bundle.role.value == "encoder" and standalone and not bundle.peers.master_metrics_url:
         found.append(
-            _msg(
+            problem(
                 "peers.master_metrics_url",
                 None,
                 "encoders of a standalone store wait until a store client has mounted its segment",
@@ -156,7 +153,7 @@ def _proxy_problems(bundle: RoleBundle) -> list[str]:
     if peers.pd or (peers.prefill and peers.decode) or peers.decode:
         return []
     return [
-        _msg(
+        problem(
             "peers",
             "no language-model instances",
             "the proxy needs pd, or decode (with prefill for a split)",

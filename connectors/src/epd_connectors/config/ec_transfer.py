@@ -32,8 +32,8 @@ from epd_connectors.config._ec_store_key import (
     embedding_value_size,
     parse_embedding_value_header,
 )
-from epd_connectors.config._transfer_common import TransferModel, problem
-from epd_connectors.config.base import ConfigError, describe_validation_error, rule_error
+from epd_connectors.config._transfer_common import TransferModel
+from epd_connectors.config.base import ConfigError, describe_validation_error, problem, rule_error
 from epd_connectors.config.sizes import ByteSize
 
 if TYPE_CHECKING:

@@ -22,8 +22,8 @@ from epd_connectors.config._kv_extra import (
     list_to_tuple,
     store_tp_lcm,
 )
-from epd_connectors.config._transfer_common import TransferModel, problem
-from epd_connectors.config.base import ConfigError, describe_validation_error, rule_error
+from epd_connectors.config._transfer_common import TransferModel
+from epd_connectors.config.base import ConfigError, describe_validation_error, problem, rule_error
 
 if TYPE_CHECKING:
     from epd_connectors.config.vllm import VllmServerConfig

@@ -305,29 +305,29 @@ class MasterConfig(base.ConfigModel):
             f"--rpc_address={self.rpc_address}",
             f"--rpc_port={self.rpc_port}",
             f"--metrics_port={self.metrics_port}",
-            f"--enable_http_metadata_server={_flag(self.enable_http_metadata_server)}",
+            f"--enable_http_metadata_server={mc.gflag(self.enable_http_metadata_server)}",
         ]
         if self.enable_http_metadata_server:
             args.append(f"--http_metadata_server_port={self.http_metadata_server_port}")
-        args.append(f"--enable_multi_tenants={_flag(self.enable_multi_tenants)}")
+        args.append(f"--enable_multi_tenants={mc.gflag(self.enable_multi_tenants)}")
         if self.enable_multi_tenants:
             args += [
                 "--tenant_quota_connector_type=file",
                 f"--tenant_quota_connector_uri={self.tenant_quota_policy_path}",
             ]
         args += [
-            f"--enable_offload={_flag(self.enable_offload)}",
+            f"--enable_offload={mc.gflag(self.enable_offload)}",
             f"--eviction_high_watermark_ratio={self.eviction_high_watermark_ratio!r}",
             f"--eviction_ratio={self.eviction_ratio!r}",
             f"--default_kv_lease_ttl={self.default_kv_lease_ttl_ms}",
             f"--client_ttl={self.client_ttl_s}",
-            f"--enable_ha={_flag(self.ha is not None)}",
+            f"--enable_ha={mc.gflag(self.ha is not None)}",
         ]
         if self.ha is not None:
             args += [
                 f"--ha_backend_type={self.ha.backend.value}",
                 f"--ha_backend_connstring={self.ha.connstring()}",
-                f"--enable_oplog={_flag(self.ha.enable_oplog)}",
+                f"--enable_oplog={mc.gflag(self.ha.enable_oplog)}",
             ]
         return args
 
@@ -356,7 +356,3 @@ class MasterConfig(base.ConfigModel):
         if self.enable_http_metadata_server:
             return f"http://{host}:{self.http_metadata_server_port}/metadata"
         return mc.P2P_HANDSHAKE
-
-
-def _flag(value: bool) -> str:
-    return "true" if value else "false"

@@ -303,3 +303,8 @@ def check_device_names(field: str, value: str) -> str:
             "give names such as 'mlx5_0' or 'mlx5_0,mlx5_1', or '' to let Mooncake choose",
         )
     return value
+
+
+def gflag(value: bool) -> str:
+    """A boolean as Mooncake's gflags binaries take it (--flag=true / --flag=false)."""
+    return "true" if value else "false"

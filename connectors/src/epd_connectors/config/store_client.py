@@ -168,9 +168,9 @@ class StoreClientConfig(base.ConfigModel):
             f"--protocol={self.protocol.value}",
             f"--device_names={self.device_name}",
             f"--tenant_id={self.tenant_id}",
-            f"--enable_offload={_flag(self.enable_offload)}",
+            f"--enable_offload={mc.gflag(self.enable_offload)}",
             f"--threads={self.threads}",
-            f"--enable_http_server={_flag(self.enable_http_server)}",
+            f"--enable_http_server={mc.gflag(self.enable_http_server)}",
         ]
         if self.enable_http_server:
             args.append(f"--http_port={self.http_port}")
@@ -226,7 +226,3 @@ class StoreClientConfig(base.ConfigModel):
                 "tenant_id": self.tenant_id,
             }
         )
-
-
-def _flag(value: bool) -> str:
-    return "true" if value else "false"

@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, ValidationInfo, field_validator, model_validator
 
 from epd_connectors.config import _transfer_common
-from epd_connectors.config.base import ConfigError, ConfigModel, rule_error
+from epd_connectors.config.base import ConfigError, ConfigModel, problem, rule_error
 from epd_connectors.config.ec_transfer import (
     ECExampleConnectorConfig,
     ECMooncakeConsumer,
@@ -281,12 +281,10 @@ class VllmServerConfig(ConfigModel):
         """
         found: list[str] = []
         if ec is None and self.role == "encoder":
-            found.append(
-                _transfer_common.problem("ec_transfer_config", None, "an encoder needs an EC connector", "give one")
-            )
+            found.append(problem("ec_transfer_config", None, "an encoder needs an EC connector", "give one"))
         elif ec is not None and self.role == "decode":
             found.append(
-                _transfer_common.problem(
+                problem(
                     "ec_transfer_config",
                     ec.ec_connector,
                     "decode gets KV from prefill, not embeddings",

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from epd_operator.local import processes, profile, sample
-from tests.e2e.conftest import REPO, SERVED_MODEL, TIMINGS, Fleet, image_data_url, progress
+from tests.e2e.conftest import REPO, SERVED_MODEL, TIMINGS, VllmInstance, image_data_url, progress
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
@@ -38,7 +38,7 @@ def tokens(answer: dict[str, Any]) -> tuple[str, list[str]]:
 
 
 def test_the_local_example_answers_through_its_proxy_as_the_baseline_does(
-    request: pytest.FixtureRequest, fleet: Fleet, tiny_model: Path, e2e_python: Path, tmp_path: Path
+    request: pytest.FixtureRequest, baseline: VllmInstance, tiny_model: Path, e2e_python: Path, tmp_path: Path
 ) -> None:
     say = progress(request.config)
     plan = processes.plan_on_free_ports(EXAMPLE, tmp_path, tiny_model, profile.CPU)
@@ -53,7 +53,7 @@ def test_the_local_example_answers_through_its_proxy_as_the_baseline_does(
             "text": chat("Hello, who are you?"),
         }
         for label, body in bodies.items():
-            expected = tokens(fleet.baseline.post("/v1/chat/completions", body))
+            expected = tokens(baseline.post("/v1/chat/completions", body))
             begun = time.monotonic()
             got = tokens(sample.ask(plan.endpoint, body))
             TIMINGS.add(f"local runner: request {label}", time.monotonic() - begun)

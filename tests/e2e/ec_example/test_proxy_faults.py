@@ -31,14 +31,14 @@ from epd_connectors.proxy.media import content_uuid
 from epd_connectors.proxy.routing import preference
 from tests.e2e.conftest import (
     TIMINGS,
-    Fleet,
     Launcher,
     VllmInstance,
     image_data_url,
     tiny_server,
     vllm_bundle,
 )
-from tests.e2e.test_proxy_flow import (
+from tests.e2e.ec_example.conftest import Fleet
+from tests.e2e.ec_example.test_proxy_flow import (
     Output,
     baseline,
     chat,

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import SERVED_MODEL, TIMINGS, Fleet, VllmInstance, image_data_url
+from tests.e2e.conftest import SERVED_MODEL, TIMINGS, VllmInstance, image_data_url
+from tests.e2e.ec_example.conftest import Fleet
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 

@@ -18,7 +18,8 @@ import pytest
 
 from epd_connectors.proxy.local import LocalProxy, local_proxy
 from epd_connectors.proxy.media import content_uuid
-from tests.e2e.conftest import SERVED_MODEL, TIMINGS, Fleet, VllmInstance, image_data_url
+from tests.e2e.conftest import SERVED_MODEL, TIMINGS, VllmInstance, image_data_url
+from tests.e2e.ec_example.conftest import Fleet
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 

@@ -104,7 +104,7 @@ def test_the_local_example_uses_the_model_folder_and_a_shared_folder_of_the_work
     for bundle in (encoder, pd):
         assert isinstance(bundle.ec_transfer, ECExampleConnectorConfig)
         assert bundle.ec_transfer.ec_connector_extra_config.shared_storage_path == str(WORK / "shared" / "ec")
-        assert bundle.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+        assert "VLLM_CPU_KVCACHE_SPACE" not in bundle.env  # it would override --kv-cache-memory-bytes
         assert bundle.env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
         assert bundle.env["HF_HUB_OFFLINE"] == "1"
 
@@ -116,6 +116,18 @@ def test_epd_launch_runs_the_local_bundle_on_the_planned_port() -> None:
     assert argv[argv.index("--port") + 1] == str(pd.ports[ports.HTTP])
     assert argv[argv.index("--host") + 1] == LOOPBACK
     assert argv[argv.index("--block-size") + 1] == "32"
+    assert "--enforce-eager" in argv
+    assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(64 * 1024**2)
+
+
+def test_every_vllm_role_of_the_local_plan_runs_lean() -> None:
+    roles = _by_role(_plan(OFFLOAD))
+    for role in (Role.ENCODER, Role.PREFILL, Role.DECODE):
+        for instance in roles[role]:
+            launch = plan_launch(instance.bundle, workdir="/w", bundle_path="/b.json", environ={"POD_IP": LOOPBACK})
+            assert "--enforce-eager" in launch.argv, role
+            assert launch.argv.count("--kv-cache-memory-bytes") == 1, role
+            assert "VLLM_CPU_KVCACHE_SPACE" not in launch.env, role
 
 
 def test_the_store_deployment_points_every_store_user_at_the_local_master() -> None:
@@ -158,10 +170,33 @@ def test_the_cpu_profile_says_what_it_changes_and_keeps_what_the_spec_sets() -> 
     assert "spec.store.protocol: 'rdma' -> 'tcp'" in changes
     assert "spec.encoder.replicas: 2 -> 1" in changes
     assert adjusted.encoder.buffer_device == "cpu"
-    user = spec.model_copy(update={"decode": spec.decode.model_copy(update={"env": {"VLLM_CPU_KVCACHE_SPACE": "4"}})})
-    adjusted, _ = profile.apply_profile(user, profile.CPU)
-    assert adjusted.decode.env["VLLM_CPU_KVCACHE_SPACE"] == "4"
+    assert "spec.decode.enforceEager: None -> True" in changes
+    assert "spec.prefill.enforceEager: None -> True" in changes
+    assert not any(line.startswith("spec.encoder.enforceEager") for line in changes)  # encoders always run eager
+    for section in ("encoder", "prefill", "decode"):
+        assert f"spec.{section}.extraArgs: + --kv-cache-memory-bytes 67108864" in changes
+    assert adjusted.decode.enforce_eager is True and adjusted.prefill is not None
+    assert adjusted.prefill.extra_args[-2:] == ["--kv-cache-memory-bytes", str(64 * 1024**2)]
+    assert not any("VLLM_CPU_KVCACHE_SPACE" in line for line in changes)
     assert profile.apply_profile(spec, profile.NONE) == (spec, [])
+
+
+@pytest.mark.parametrize(
+    ("extra_args", "env"),
+    [
+        (["--kv-cache-memory-bytes", "1000000"], {}),
+        (["--kv_cache_memory_bytes=1000000"], {}),
+        ([], {"VLLM_CPU_KVCACHE_SPACE": "4"}),  # the CPU build's own size, which would override the flag
+    ],
+)
+def test_the_cpu_profile_keeps_a_kv_cache_size_the_spec_gives(extra_args: list[str], env: dict[str, str]) -> None:
+    _, spec = local_plan.load_manifest(OFFLOAD)
+    decode = spec.decode.model_copy(update={"extra_args": extra_args, "env": env, "enforce_eager": False})
+    adjusted, changes = profile.apply_profile(spec.model_copy(update={"decode": decode}), profile.CPU)
+    assert adjusted.decode.extra_args == extra_args
+    assert {k: v for k, v in adjusted.decode.env.items() if k in env} == env
+    assert not any(line.startswith("spec.decode.extraArgs") for line in changes)
+    assert "spec.decode.enforceEager: False -> True" in changes
 
 
 def test_without_the_profile_more_than_one_replica_is_refused_with_the_fix() -> None:

@@ -6,8 +6,9 @@ connector's load on a step that schedules no tokens, so without the plugin the o
 and the request fails with HTTP 500 after push_wait_timeout_s. A second PD, started with the plugin turned off
 (EPD_EC_IDLE_LOAD=0), shows that failure; the PD with the plugin (the default) serves the same flow.
 
-Instances: a baseline, an encoder and two PDs, started at once and stopped when the module ends (the unpatched PD
-as soon as its test is done); a short push_wait_timeout_s keeps the failing case to seconds.
+Instances: the session's baseline, and an encoder and two PDs of this module, started at once and stopped when the
+module ends (the unpatched PD as soon as its test is done); a short push_wait_timeout_s keeps the failing case to
+seconds.
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ from tests.e2e.conftest import (
     free_port,
     image_data_url,
     tiny_server,
-    vllm_bundle,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
@@ -87,14 +87,13 @@ def _consumer(launcher: Launcher, model: Path, name: str, env: dict[str, str]) -
 
 
 @pytest.fixture(scope="module")
-def mooncake(launcher: Launcher, tiny_model: Path) -> Iterator[MooncakeFleet]:
-    """A baseline, the encoder and both PDs, started at once and stopped when the module ends (four vLLM
-    instances are about all a small machine holds next to the session's fleet, so they do not outlive it)."""
+def mooncake(launcher: Launcher, baseline: VllmInstance, tiny_model: Path) -> Iterator[MooncakeFleet]:
+    """The session's baseline; the encoder and both PDs, started at once and stopped when the module ends (so the
+    next module's instances never overlap them in memory)."""
     started = time.monotonic()
     producer = ECMooncakeProducer(
         ec_buffer_device="cpu", ec_buffer_size=EC_BUFFER, ec_connector_extra_config=MOONCAKE_EXTRA
     )
-    baseline = launcher.start("mc-baseline", vllm_bundle("mc-baseline", tiny_server(tiny_model, "pd")))
     encoder = launcher.start(
         "mc-encoder",
         RoleBundle(
@@ -107,14 +106,13 @@ def mooncake(launcher: Launcher, tiny_model: Path) -> Iterator[MooncakeFleet]:
     )
     pd = _consumer(launcher, tiny_model, "mc-pd", HOST_ENV)
     pd_unpatched = _consumer(launcher, tiny_model, "mc-pd-unpatched", {**HOST_ENV, TOGGLE_ENV: "0"})
-    instances = [baseline, encoder, pd, pd_unpatched]
+    instances = [encoder, pd, pd_unpatched]
     try:
         launcher.wait_healthy(instances)
-        TIMINGS.add("mooncake: baseline, encoder, two PDs healthy (wall)", time.monotonic() - started)
+        TIMINGS.add("mooncake: encoder, two PDs healthy (wall)", time.monotonic() - started)
         yield MooncakeFleet(baseline=baseline, encoder=encoder, pd=pd, pd_unpatched=pd_unpatched)
     finally:
-        for instance in instances:
-            instance.stop()
+        launcher.stop_each(instances)
 
 
 @pytest.fixture(scope="module")

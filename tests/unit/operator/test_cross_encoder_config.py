@@ -389,7 +389,7 @@ def test_every_encoder_publishes_to_the_deployments_store_tenant_and_namespace()
         assert store.master_server_address.endswith(f":{master.rpc_port}")
         assert (store.metadata_server, store.device_name) == (client.metadata_server, client.device_name)
         assert store.protocol == client.protocol.value == reader.extra["mooncake_protocol"] == "rdma"
-        assert store.tenant_id == client.tenant_id == desired.derived.tenant_id == "serving-qwen-vl"
+        assert store.tenant_id == client.tenant_id == desired.derived.tenant_id == "serving.qwen-vl"
         assert master.enable_multi_tenants and master.tenant_quota_policy is not None
         assert [t.name for t in master.tenant_quota_policy.tenants] == [store.tenant_id]
         # A pure requester of a RAM-only store owned by the store clients.

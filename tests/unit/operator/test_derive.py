@@ -80,7 +80,9 @@ def test_store_tp_is_the_lcm_of_prefill_tp_sizes() -> None:
 
 
 def test_tenant_id_is_readable_stable_and_valid() -> None:
-    assert identity.tenant_id(None, "serving", "qwen") == "serving-qwen"
+    assert identity.tenant_id(None, "serving", "qwen") == "serving.qwen"
+    # A namespace never holds a dot, so the pair is unambiguous where a dash would not be.
+    assert identity.tenant_id(None, "team-a", "vl") != identity.tenant_id(None, "team", "a-vl")
     assert identity.tenant_id("team-a", "serving", "qwen") == "team-a"
     long_ns, long_name = "n" * 63, "x" * 200
     derived = identity.tenant_id(None, long_ns, long_name)

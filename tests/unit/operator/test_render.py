@@ -209,7 +209,7 @@ def test_objects_come_in_apply_order_with_labels_and_owner() -> None:
 def test_derived_values_reach_status_and_bundles() -> None:
     desired = render(example(OFFLOAD))
     d = desired.derived
-    assert (d.tenant_id, d.store_tp_size, d.endpoint) == ("serving-demo", 2, "http://demo-proxy.serving.svc:80")
+    assert (d.tenant_id, d.store_tp_size, d.endpoint) == ("serving.demo", 2, "http://demo-proxy.serving.svc:80")
     for name in ("demo-prefill", "demo-prefill-tp2", "demo-decode"):
         b = bundles(desired)[name]
         assert b.mooncake is not None and b.mooncake.tenant_id == d.tenant_id
@@ -267,7 +267,7 @@ def test_tenant_isolation_admits_exactly_the_deployment_tenant() -> None:
     desired = render(example(CROSS))
     master = bundles(desired)["demo-master"].master
     assert master is not None and master.enable_multi_tenants and master.tenant_quota_policy is not None
-    assert [(t.name, t.quota) for t in master.tenant_quota_policy.tenants] == [("serving-demo", 48 * 1024**3)]
+    assert [(t.name, t.quota) for t in master.tenant_quota_policy.tenants] == [("serving.demo", 48 * 1024**3)]
 
 
 def test_cross_encoder_reuse_flags() -> None:

@@ -30,14 +30,16 @@ def _digest(*parts: str) -> str:
 
 
 def tenant_id(override: str | None, namespace: str, name: str) -> str:
-    """spec.store.tenant.id, else "<namespace>-<name>", shortened with a hash suffix when too long.
+    """spec.store.tenant.id, else "<namespace>.<name>", shortened with a hash suffix when too long.
 
     Namespace plus name is unique in a cluster and never changes for the resource's life, so the tenant is
-    stable; it is readable, so an operator of the store can tell whose keys they are.
+    stable; it is readable, so an operator of the store can tell whose keys they are. The dot keeps the pair
+    unambiguous: a namespace is a DNS label and never holds one, whereas with a dash ("team-a", "vl") and
+    ("team", "a-vl") would share a tenant.
     """
     if override:
         return override
-    readable = f"{namespace}-{name}"
+    readable = f"{namespace}.{name}"
     if len(readable) <= TENANT_MAX_LEN and TENANT_RE.match(readable):
         return readable
     suffix = _digest("tenant", namespace, name)[:_SUFFIX_LEN]

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.unit
 
 
 def _check(data: dict[str, dict[str, Any]]) -> list[str]:
-    return check_deployment({name: RoleBundle.model_validate(d) for name, d in data.items()})
+    return [str(d) for d in check_deployment({name: RoleBundle.model_validate(d) for name, d in data.items()})]
 
 
 def test_the_sample_deployment_agrees(bundles: dict[str, RoleBundle]) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
+from epd_connectors.config import consistency
 from epd_connectors.config.bundle import parse_bundle
 from epd_operator.api.resource import InvalidSpecError, OperatorDefaults, Owner, parse_spec
 from epd_operator.render import bundles_vllm, render_desired, validate
@@ -189,3 +190,10 @@ def test_a_quota_needs_isolation() -> None:
     spec["store"]["tenant"]["isolation"] = False
     [problem] = problems_of(spec)
     assert problem.startswith("spec.store.tenant.quota = ")
+
+
+def test_every_deployment_rule_names_the_spec_field_that_decides_it() -> None:
+    rules = {*consistency.AGREEMENT_TOPICS, consistency.RULE_STORE_OWNER, consistency.RULE_QUOTA_ADMISSION}
+    rules.add(consistency.RULE_PROXY_ROSTER)
+    assert rules <= set(validate.RULE_FIELDS), sorted(rules - set(validate.RULE_FIELDS))
+    assert all(field.startswith("spec.") for field in validate.RULE_FIELDS.values())

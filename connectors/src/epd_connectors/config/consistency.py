@@ -8,6 +8,7 @@ stale embeddings), so the operator runs this over every bundle it renders and re
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 
 from epd_connectors.config.bundle import Role, RoleBundle
 from epd_connectors.config.ec_transfer import ECMooncakeConsumer, ECMooncakeProducer, ec_consumer_control_address
@@ -19,6 +20,26 @@ from epd_connectors.config.kv_transfer import (
 
 Observation = tuple[str, object]
 """(where, value): where is "<bundle name>.<field path>"."""
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    """One finding of check_deployment: which rule, and the line a user reads (fields and fix).
+
+    `rule` is stable (a topic of _AGREEMENTS, or one of the RULE_* names below), so a caller that knows which
+    of its own settings decides each rule (the operator: a spec field) maps it without reading the message.
+    """
+
+    rule: str
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+RULE_STORE_OWNER = "store owner"
+RULE_QUOTA_ADMISSION = "quota admission"
+RULE_PROXY_ROSTER = "proxy EC roster"
 
 
 def _tenants(name: str, b: RoleBundle) -> Iterator[Observation]:
@@ -123,45 +144,55 @@ _AGREEMENTS: list[tuple[str, Callable[[str, RoleBundle], Iterator[Observation]],
 ]
 
 
-def check_deployment(bundles: Mapping[str, RoleBundle]) -> list[str]:
+AGREEMENT_TOPICS = tuple(topic for topic, _, _ in _AGREEMENTS)
+"""The rules that compare one value across bundles (the `rule` of their Disagreements)."""
+
+
+def check_deployment(bundles: Mapping[str, RoleBundle]) -> list[Disagreement]:
     """Every disagreement between the bundles of one deployment, one line each naming the fields and the fix.
 
     `bundles` maps a name for each bundle (e.g. its role) to the bundle; the names appear in the messages.
     """
-    found: list[str] = []
+    found: list[Disagreement] = []
     for topic, read, fix in _AGREEMENTS:
         seen = [obs for name, bundle in bundles.items() for obs in read(name, bundle)]
         if len({repr(value) for _, value in seen}) > 1:
             detail = ", ".join(f"{where} = {value!r}" for where, value in seen)
-            found.append(f"{topic} differs between bundles: {detail}. Fix: {fix}")
+            found.append(Disagreement(topic, f"{topic} differs between bundles: {detail}. Fix: {fix}"))
     found += _store_owner_problems(bundles)
     found += _proxy_roster_problems(bundles)
     return found
 
 
-def _store_owner_problems(bundles: Mapping[str, RoleBundle]) -> list[str]:
+def _store_owner_problems(bundles: Mapping[str, RoleBundle]) -> list[Disagreement]:
     standalone = [n for n, b in bundles.items() if b.mooncake is not None and b.mooncake.mode.value != "embedded"]
     owners = [n for n, b in bundles.items() if b.role is Role.STORE_CLIENT]
     found = []
     if standalone and not owners:
         found.append(
-            f"{standalone[0]}.mooncake.mode = 'standalone-store': no store-client bundle owns the pool. "
-            "Fix: add store clients, or use embedded mode"
+            Disagreement(
+                RULE_STORE_OWNER,
+                f"{standalone[0]}.mooncake.mode = 'standalone-store': no store-client bundle owns the pool. "
+                "Fix: add store clients, or use embedded mode",
+            )
         )
     multi = [b.master for b in bundles.values() if b.master is not None and b.master.enable_multi_tenants]
     if not multi or multi[0].tenant_quota_policy is None:
         return found
     admitted = {t.name for t in multi[0].tenant_quota_policy.tenants}
     return found + [
-        f"{where} = {tenant!r}: the master's quota policy does not admit this tenant. "
-        "Fix: add it to master.tenant_quota_policy.tenants"
+        Disagreement(
+            RULE_QUOTA_ADMISSION,
+            f"{where} = {tenant!r}: the master's quota policy does not admit this tenant. "
+            "Fix: add it to master.tenant_quota_policy.tenants",
+        )
         for name, b in bundles.items()
         for where, tenant in _tenants(name, b)
         if tenant not in admitted
     ]
 
 
-def _proxy_roster_problems(bundles: Mapping[str, RoleBundle]) -> list[str]:
+def _proxy_roster_problems(bundles: Mapping[str, RoleBundle]) -> list[Disagreement]:
     """A static roster's EC consumer addresses must be exactly the consumers' control addresses (TP rank 0 of
     each DP replica: the `consumer_zmq` the proxy gives encoders)."""
     expected: set[str] = set()
@@ -174,7 +205,11 @@ def _proxy_roster_problems(bundles: Mapping[str, RoleBundle]) -> list[str]:
         listed = set(b.peers.ec_consumers)
         if b.role is Role.PROXY and listed and listed != expected:
             found.append(
-                f"{name}.peers.ec_consumers = {sorted(listed)!r}: differs from the consumers' control addresses "
-                f"{sorted(expected)!r}. Fix: list exactly the addresses derived from each consumer's ec_ip/ec_port"
+                Disagreement(
+                    RULE_PROXY_ROSTER,
+                    f"{name}.peers.ec_consumers = {sorted(listed)!r}: differs from the consumers' control "
+                    f"addresses {sorted(expected)!r}. Fix: list exactly the addresses derived from each consumer's "
+                    "ec_ip/ec_port",
+                )
             )
     return found

@@ -15,7 +15,12 @@ from pydantic import ValidationError
 
 from epd_connectors.config.base import ConfigError, describe_validation_error
 from epd_connectors.config.bundle import RoleBundle
-from epd_connectors.config.consistency import check_deployment
+from epd_connectors.config.consistency import (
+    RULE_PROXY_ROSTER,
+    RULE_QUOTA_ADMISSION,
+    RULE_STORE_OWNER,
+    check_deployment,
+)
 from epd_operator.api.resource import InvalidSpecError
 
 T = TypeVar("T")
@@ -23,8 +28,8 @@ T = TypeVar("T")
 # A connector field the user sets directly, and the spec field (relative to the role) that feeds it.
 _USER_FIELDS = (("extra_args", "extraArgs"), ("env", "env"))
 
-# check_deployment's topics and the spec field that decides each value.
-_TOPIC_FIELDS = {
+# Each check_deployment rule and the spec field that decides it (a unit test keeps it complete).
+RULE_FIELDS = {
     "tenant id": "spec.store.tenant.id",
     "transfer protocol": "spec.store.protocol",
     "KV cache prefix": "spec.store.kvCachePrefix",
@@ -34,12 +39,9 @@ _TOPIC_FIELDS = {
     "offload": "spec.store.clients.offload.enabled",
     "store endpoints": "spec.store.master",
     "store mode": "spec.store.mode",
-}
-# check_deployment's other rules, recognised by what their message says.
-_RULE_FIELDS = {
-    "quota policy does not admit": "spec.store.tenant.id",
-    "no store-client bundle owns the pool": "spec.store.mode",
-    "peers.ec_consumers": "spec.proxy",
+    RULE_QUOTA_ADMISSION: "spec.store.tenant.id",
+    RULE_STORE_OWNER: "spec.store.mode",
+    RULE_PROXY_ROSTER: "spec.proxy",
 }
 
 
@@ -77,10 +79,4 @@ def collect(builds: list[tuple[str, Callable[[], T]]]) -> tuple[dict[str, T], li
 
 def deployment_problems(bundles: Mapping[str, RoleBundle]) -> list[str]:
     """check_deployment over every bundle, each disagreement prefixed with the spec field deciding it."""
-    found: list[str] = []
-    for line in check_deployment(bundles):
-        topic = next((t for t in _TOPIC_FIELDS if line.startswith(f"{t} differs")), None)
-        rule = next((r for r in _RULE_FIELDS if r in line), None)
-        field = _TOPIC_FIELDS[topic] if topic else _RULE_FIELDS[rule] if rule else "spec"
-        found.append(f"{field}: {line}")
-    return found
+    return [f"{RULE_FIELDS.get(d.rule, 'spec')}: {d.message}" for d in check_deployment(bundles)]

@@ -385,7 +385,7 @@ def test_register_arms_only_when_the_decision_applies(
 def test_the_entry_point_names_register() -> None:
     project = tomllib.loads((REPO / "connectors" / "pyproject.toml").read_text())
     plugins = project["project"]["entry-points"]["vllm.general_plugins"]
-    assert plugins == {plugin.ENTRY_POINT: "epd_connectors.vllm_plugins.ec_idle_load:register"}
+    assert plugins[plugin.ENTRY_POINT] == "epd_connectors.vllm_plugins.ec_idle_load:register"
 
 
 def test_importing_the_plugin_imports_no_vllm_or_torch() -> None:

@@ -1,0 +1,318 @@
+"""E + P + D for real through the local runner: examples/local-e-p-d.yaml (a Mooncake master and store client, an
+encoder pushing embeddings to the prefill over ECMooncakeConnector/TCP, a prefill handing KV to a decode with
+MooncakeConnector P2P plus MooncakeStoreConnector, the proxy) answers through its proxy exactly as the session's
+single-instance baseline does, token for token: one image, two images in one request, the same image twice in one
+request, text only, and an image sent again with another question; streamed and not.
+
+The transfers are proven, not assumed:
+- KV: for every request the decode's Prometheus counters say no prompt token was computed locally
+  (`prompt_tokens_by_source{source="local_compute"}` does not move) and some arrived by KV transfer from a P2P peer
+  (`external_kv_transfer` and `prompt_tokens_cached_by_source{source="p2p"}` grow), the rest being the decode's
+  own prefix cache of an earlier transfer;
+- store: after a fresh prompt the Mooncake master lists new keys, all under the deployment's KV cache prefix
+  (`/get_all_keys` on its metrics port), written by the prefill's MooncakeStoreConnector;
+- embeddings: the proxy rewrote every image into a reference and the encoder served one request per image; the
+  prefill cannot encode them itself (an EC consumer never falls back to encoding), so its answer needed the push.
+
+On this CPU build that needs two vLLM plugins of the connector library besides ec_idle_load: mooncake_cpu_device
+(MooncakeConnector's worker asks torch for the accelerator's device index and dies at start without a GPU) and
+multi_connector_metrics (vLLM 0.32.0's MultiConnector metrics assert that MooncakeConnector has Prometheus
+metrics, and the prefill answers 500 from its first transfer). Their logs' lines are asserted too.
+
+Instances: the session's baseline and this module's deployment (3 vLLM, master, store client, proxy), stopped
+when the module ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from epd_connectors.config.bundle import Role
+from epd_connectors.config.kv_transfer import MooncakeStoreConnectorConfig, connectors_of
+from epd_operator.derive.site import LOOPBACK
+from epd_operator.local import processes, profile
+from epd_operator.local.plan import Instance, LocalPlan
+from epd_operator.local.processes import LocalDeployment
+from tests.e2e.conftest import REPO, SERVED_MODEL, TIMINGS, VllmInstance, image_data_url, progress
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+
+EXAMPLE = REPO / "examples" / "local-e-p-d.yaml"
+MAX_TOKENS = 12
+SETTLE_S = 10.0
+"""How long a counter or a store key may lag behind the answer (vLLM records stats after it answers; the prefill
+writes the store asynchronously)."""
+
+
+def chat(content: str | list[dict[str, Any]], *, stream: bool = False) -> dict[str, Any]:
+    return {
+        "model": SERVED_MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "logprobs": True,
+        "seed": 0,
+        "stream": stream,
+    }
+
+
+def image(seed: int) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": image_data_url(seed=seed)}}
+
+
+def text(words: str) -> dict[str, Any]:
+    return {"type": "text", "text": words}
+
+
+Tokens = tuple[str, list[str]]
+
+
+def tokens(answer: dict[str, Any]) -> Tokens:
+    choice = answer["choices"][0]
+    logprobs = (choice.get("logprobs") or {}).get("content") or []
+    return str(choice["message"]["content"]), [entry["token"] for entry in logprobs]
+
+
+def stream_tokens(events: list[dict[str, Any]]) -> Tokens:
+    """The text and tokens of a chat completion's server-sent events, as the whole answer would give them."""
+    content, toks = "", []
+    for event in events:
+        for choice in event.get("choices", []):
+            content += (choice.get("delta") or {}).get("content") or ""
+            toks += [entry["token"] for entry in ((choice.get("logprobs") or {}).get("content") or [])]
+    return content, toks
+
+
+def post(url: str, body: dict[str, Any], timeout_s: float = 120.0) -> bytes:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        data: bytes = response.read()
+        return data
+
+
+def ask(endpoint: str, body: dict[str, Any]) -> Tokens:
+    """Through the proxy, streamed or not, as (text, tokens)."""
+    data = post(f"{endpoint}/v1/chat/completions", body)
+    if not body.get("stream"):
+        return tokens(json.loads(data))
+    events = []
+    for line in data.decode().splitlines():
+        payload = line.removeprefix("data: ").strip()
+        if line.startswith("data: ") and payload != "[DONE]":
+            events.append(json.loads(payload))
+    assert data.decode().rstrip().endswith("data: [DONE]"), f"the stream did not end with [DONE]: {data[-200:]!r}"
+    return stream_tokens(events)
+
+
+def get_text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return str(response.read().decode())
+
+
+def samples(text_: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample of a Prometheus text page, keyed by (name, labels)."""
+    out: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+    for family in text_string_to_metric_families(text_):
+        for sample in family.samples:
+            out[(sample.name, frozenset(sample.labels.items()))] = float(sample.value)
+    return out
+
+
+def total(page: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:
+    """The sum of `name`'s samples whose labels include `labels`."""
+    want = set(labels.items())
+    return sum(v for (n, ls), v in page.items() if n == name and want <= ls)
+
+
+@dataclass
+class LocalEPD:
+    """The running example and what its tests read."""
+
+    plan: LocalPlan
+    local: LocalDeployment
+
+    def instance(self, role: Role) -> Instance:
+        return next(i for i in self.plan.instances if i.role is role)
+
+    def vllm_url(self, role: Role) -> str:
+        bundle = self.instance(role).bundle
+        assert bundle.vllm is not None
+        return f"http://{LOOPBACK}:{bundle.vllm.port}"
+
+    def metrics(self, role: Role) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        if role is Role.PROXY:
+            bundle = self.instance(role).bundle
+            assert bundle.proxy is not None
+            return samples(get_text(f"http://{LOOPBACK}:{bundle.proxy.port}/metrics"))
+        return samples(get_text(f"{self.vllm_url(role)}/metrics"))
+
+    @property
+    def master_http(self) -> str:
+        master = self.instance(Role.MASTER).bundle.master
+        assert master is not None
+        return f"http://{LOOPBACK}:{master.metrics_port}"
+
+    def store_keys(self) -> set[str]:
+        """Every key the master holds (its /get_all_keys: one key per line)."""
+        return {line.strip() for line in get_text(f"{self.master_http}/get_all_keys").splitlines() if line.strip()}
+
+    @property
+    def kv_prefix(self) -> str:
+        kv = self.instance(Role.PREFILL).bundle.kv_transfer
+        assert kv is not None
+        store = [c for c in connectors_of(kv) if isinstance(c, MooncakeStoreConnectorConfig)]
+        assert store, "the example's prefill has no MooncakeStoreConnector"
+        return store[0].kv_connector_extra_config.cache_prefix
+
+    def log(self, role: Role) -> str:
+        return self.local.get(self.instance(role).name).log.read_text(errors="replace")
+
+
+@dataclass(frozen=True)
+class DecodeCounts:
+    """The decode's prompt-token counters: where each prompt token's KV came from."""
+
+    requests: float
+    prompt: float
+    computed: float
+    transferred: float
+    cached_locally: float
+    from_p2p: float
+
+    @staticmethod
+    def read(epd: LocalEPD) -> DecodeCounts:
+        page = epd.metrics(Role.DECODE)
+        source = "vllm:prompt_tokens_by_source_total"
+        return DecodeCounts(
+            requests=total(page, "vllm:request_success_total"),
+            prompt=total(page, "vllm:prompt_tokens_total"),
+            computed=total(page, source, source="local_compute"),
+            transferred=total(page, source, source="external_kv_transfer"),
+            cached_locally=total(page, source, source="local_cache_hit"),
+            from_p2p=total(page, "vllm:prompt_tokens_cached_by_source_total", source="p2p"),
+        )
+
+    def minus(self, before: DecodeCounts) -> DecodeCounts:
+        return DecodeCounts(*(getattr(self, f.name) - getattr(before, f.name) for f in dataclasses.fields(self)))
+
+
+def decode_counts_after(epd: LocalEPD, before: DecodeCounts, requests: int) -> DecodeCounts:
+    """The decode's counters once it has recorded `requests` more finished requests (they lag the answer)."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        delta = DecodeCounts.read(epd).minus(before)
+        if delta.requests >= requests or time.monotonic() > deadline:
+            return delta
+        time.sleep(0.2)
+
+
+def assert_the_decode_computed_no_prompt_token(delta: DecodeCounts, label: str) -> None:
+    assert delta.prompt > 0, f"{label}: the decode recorded no prompt tokens: {delta}"
+    assert delta.computed == 0, f"{label}: the decode computed {delta.computed} prompt tokens itself: {delta}"
+    assert delta.transferred > 0, f"{label}: no prompt token reached the decode by KV transfer: {delta}"
+    assert delta.transferred + delta.cached_locally == delta.prompt, f"{label}: {delta}"
+    assert delta.from_p2p == delta.transferred, f"{label}: the transfer did not come from the P2P peer: {delta}"
+
+
+@contextlib.contextmanager
+def running_example(
+    request: pytest.FixtureRequest, python: Path, model: Path, workdir: Path, label: str
+) -> Iterator[LocalEPD]:
+    """examples/local-e-p-d.yaml started by the local runner (CPU profile, free loopback ports), stopped after;
+    the tail of every log is printed when a test failed."""
+    say = progress(request.config)
+    plan = processes.plan_on_free_ports(EXAMPLE, workdir, model, profile.CPU)
+    roles = [i.role.value for i in plan.instances]
+    assert roles == ["master", "store-client", "encoder", "prefill", "decode", "proxy"], roles
+    started = time.monotonic()
+    with processes.deployment(plan, workdir, python, say=lambda line: say(f"{label}: {line}")) as local:
+        TIMINGS.add(f"{label}: start E+P+D, store, proxy", time.monotonic() - started)
+        try:
+            yield LocalEPD(plan, local)
+        finally:
+            if request.session.testsfailed:
+                for run in local.running:
+                    say(f"--- {run.name} log tail ({run.log}) ---\n{run.tail(30)}")
+    assert not local.running
+
+
+@pytest.fixture(scope="module")
+def epd(
+    request: pytest.FixtureRequest, e2e_python: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalEPD]:
+    with running_example(request, e2e_python, tiny_model, tmp_path_factory.mktemp("e-p-d"), "E+P+D") as it:
+        yield it
+
+
+CASES: dict[str, list[list[dict[str, Any]] | str]] = {
+    "one image": [[image(3), text("What is in this image?")]],
+    "two images": [[image(4), image(5), text("Compare the two pictures.")]],
+    "same image twice": [[image(6), image(6), text("Are these the same?")]],
+    "text only": ["Hello, who are you?"],
+    "image again": [[image(7), text("What?")], [image(7), text("Describe it once more, please.")]],
+}
+"""Each case's requests, sent in order (the last case sends an image a second time, with another question)."""
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_proxy_answers_as_the_baseline_and_the_decode_computes_no_prompt_token(
+    epd: LocalEPD, baseline: VllmInstance, case: str, stream: bool
+) -> None:
+    proxy_before = epd.metrics(Role.PROXY)
+    before = DecodeCounts.read(epd)
+    images = 0
+    for content in CASES[case]:
+        expected = tokens(baseline.post("/v1/chat/completions", chat(content)))
+        assert len(expected[1]) == MAX_TOKENS
+        begun = time.monotonic()
+        got = ask(epd.plan.endpoint, chat(content, stream=stream))
+        TIMINGS.add(f"E+P+D request: {case}, {'streamed' if stream else 'whole'}", time.monotonic() - begun)
+        assert got == expected, f"{case}: the E+P+D deployment answered {got}, the baseline {expected}"
+        images += sum(1 for part in content if isinstance(part, dict) and part["type"] == "image_url")
+    assert_the_decode_computed_no_prompt_token(decode_counts_after(epd, before, len(CASES[case])), case)
+    proxy = epd.metrics(Role.PROXY)
+    rewritten = total(proxy, "epd_proxy_media_items_total", result="rewritten")
+    kept = total(proxy, "epd_proxy_media_items_total", result="kept")
+    assert rewritten - total(proxy_before, "epd_proxy_media_items_total", result="rewritten") == images
+    assert kept == total(proxy_before, "epd_proxy_media_items_total", result="kept")
+
+
+def test_a_fresh_prompt_lands_in_the_store_under_the_deployments_prefix(epd: LocalEPD) -> None:
+    """The prefill's MooncakeStoreConnector writes every full block of a new prompt to the store (asynchronously,
+    after it answers); the master lists them, every key under the deployment's derived KV prefix."""
+    keys_before = epd.store_keys()
+    encoder_before = total(epd.metrics(Role.ENCODER), "vllm:request_success_total")
+    long_question = "Tell me everything you can see in this picture, in as much detail as you can manage. " * 2
+    ask(epd.plan.endpoint, chat([image(11), text(long_question)]))
+    deadline = time.monotonic() + SETTLE_S
+    while not (new := epd.store_keys() - keys_before) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert new, f"no key was written to the store after a fresh prompt (keys before: {sorted(keys_before)})"
+    prefix = epd.kv_prefix
+    assert all(prefix in key for key in epd.store_keys()), f"keys outside the prefix {prefix}: {sorted(new)}"
+    assert total(epd.metrics(Role.ENCODER), "vllm:request_success_total") - encoder_before == 1
+
+
+def test_the_cpu_workarounds_were_applied_where_they_are_needed(epd: LocalEPD) -> None:
+    """The plugins say what they did, in the processes that needed them (and nowhere else it matters)."""
+    prefill, decode = epd.log(Role.PREFILL), epd.log(Role.DECODE)
+    for log in (prefill, decode):
+        assert "epd mooncake_cpu_device: vLLM 0.32.0 on the CPU platform" in log
+        assert "epd multi_connector_metrics: vLLM 0.32.0" in log
+    assert "epd ec_idle_load: vLLM" in prefill
+    assert "Traceback" not in prefill + decode, "a vLLM role logged a traceback"

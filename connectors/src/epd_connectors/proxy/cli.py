@@ -75,7 +75,13 @@ def parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--prefill-timeout", type=float, default=s.DEFAULT_PREFILL_TIMEOUT_S)
     p.add_argument("--first-token-timeout", type=float, default=s.DEFAULT_FIRST_TOKEN_TIMEOUT_S)
     p.add_argument("--total-timeout", type=float, default=s.DEFAULT_TOTAL_TIMEOUT_S)
-    p.add_argument("--probe-interval", type=float, default=s.DEFAULT_PROBE_INTERVAL_S)
+    p.add_argument(
+        "--probe-interval",
+        type=float,
+        default=s.DEFAULT_PROBE_INTERVAL_S,
+        metavar="SECONDS",
+        help="between /health probes of each instance; 0: no probing, instances are used as listed or discovered",
+    )
     p.add_argument("--discover", action="store_true", help="follow the roles' EndpointSlices (needs the bundle)")
     p.add_argument("--ec-port", type=int, help="discovery: consumers' EC base control port (push connector)")
     p.add_argument("--ec-tp-size", type=int, default=1)
@@ -141,9 +147,13 @@ def build(
         specs = static.specs()
     except (ConfigError, ValueError) as exc:
         raise SystemExit(f"epd-proxy: {exc}") from exc
-    # With discovery the roles come from the bundle, the members from the EndpointSlices.
-    roster = Roster.build({role: [] for role in specs} if discovery is not None else specs)
-    app = ProxyApp(roster, options_from(args, affinity), discovery=discovery)
+    options = options_from(args, affinity)
+    # With discovery the roles come from the bundle, the members from the EndpointSlices. Without probing
+    # (Limits.probing) static members are admitted at once, since no probe will.
+    roster = Roster.build(
+        {role: [] for role in specs} if discovery is not None else specs, healthy=not options.limits.probing
+    )
+    app = ProxyApp(roster, options, discovery=discovery)
     return app, args.host or host, args.port or port, args.log_level
 
 
@@ -160,8 +170,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     loop = "uvloop" if _has("uvloop") else "asyncio"
     http = "httptools" if _has("httptools") else "h11"
+    probing = "" if app.options.limits.probing else " (health probing off)"
     print(
-        f"epd-proxy: listening on {host}:{port} roles={sorted(r.value for r in app.roster.roles)}",
+        f"epd-proxy: listening on {host}:{port} roles={sorted(r.value for r in app.roster.roles)}{probing}",
         file=sys.stderr,
         flush=True,
     )

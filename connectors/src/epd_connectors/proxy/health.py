@@ -39,7 +39,8 @@ def apply_probe(instance: Instance, ok: bool, limits: Limits) -> bool:
 
 
 class Prober:
-    """Probes the whole roster every `probe_interval_s`; `wake` probes at once (new members)."""
+    """Probes the whole roster every `probe_interval_s`; `wake` probes at once (new members). An interval of 0
+    turns it off (Limits.probing): it then never sends a probe, whoever calls it."""
 
     def __init__(self, roster: Roster, backend: Backend, limits: Limits, timeouts: Timeouts) -> None:
         self._roster = roster
@@ -50,7 +51,9 @@ class Prober:
         self._task: asyncio.Task[None] | None = None
 
     async def probe_once(self) -> None:
-        """One round over every instance, concurrently."""
+        """One round over every instance, concurrently (none when probing is off)."""
+        if not self._limits.probing:
+            return
         instances = self._roster.instances()
         results = await asyncio.gather(*(self._probe(i) for i in instances))
         for instance, ok in zip(instances, results, strict=True):
@@ -74,6 +77,8 @@ class Prober:
         self._wake.set()
 
     def start(self) -> None:
+        if not self._limits.probing:
+            return  # no loop: with a zero interval it would probe without pause
         self._task = asyncio.create_task(self._loop(), name="epd-proxy-prober")
 
     async def stop(self) -> None:

@@ -27,7 +27,7 @@ DEFAULT_RETRIES = 2
 DEFAULT_ENCODER_BATCH_MAX = 8
 """Most media items in one encoder request; larger groups are split so no request holds an encoder long."""
 DEFAULT_PROBE_INTERVAL_S = 2.0
-"""Seconds between health probes of one instance."""
+"""Seconds between health probes of one instance; 0 turns probing off (see Limits.probing)."""
 DEFAULT_EVICT_AFTER = 2
 """Consecutive failed probes that take an instance out of routing (one blip is forgiven)."""
 DEFAULT_READMIT_AFTER = 1
@@ -58,6 +58,16 @@ class Limits:
     evict_after: int = DEFAULT_EVICT_AFTER
     readmit_after: int = DEFAULT_READMIT_AFTER
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+    @property
+    def probing(self) -> bool:
+        """Whether the proxy probes its instances at all. An interval of 0 (or less) means no: every instance
+        counts as healthy as configured or discovered (discovery lists only Ready pods), and nothing but a
+        client's request is ever sent to one. That is for a proxy that must not reach its instances, such as
+        the cluster tests' proxy, whose discovered pods are simulated addresses nothing may connect to. Without
+        a prober nothing readmits an instance a failed request took out of routing, so a serving proxy keeps
+        probing."""
+        return self.probe_interval_s > 0
 
 
 class KVProtocol(StrEnum):

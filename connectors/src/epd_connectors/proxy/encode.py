@@ -3,7 +3,9 @@
 Items are placed by consistent hashing of their uuid (or least-outstanding when affinity is off), grouped per
 encoder into batches of at most `encoder_batch_max`, and sent at once. A batch whose encoder fails before
 answering (connect error, 5xx, timeout) is sent again, item by item to each item's next encoder, a bounded
-number of times; an encoder that cannot be reached leaves routing until a health probe passes.
+number of times; an encoder that cannot be reached leaves routing until a health probe passes. An item named by
+a URL that every encoder tried answered 5xx for is the request's fault (MediaUnavailableError, 422), not a
+failure of the encoders.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from epd_connectors.proxy import routing
 from epd_connectors.proxy.backend import Backend
 from epd_connectors.proxy.errors import (
     BackendUnavailableError,
+    MediaUnavailableError,
     NoInstanceError,
     ProxyError,
     StageTimeoutError,
+    answered_5xx,
     from_client_error,
 )
-from epd_connectors.proxy.media import MediaItem
+from epd_connectors.proxy.media import MediaItem, fetched_url
 from epd_connectors.proxy.metrics import ProxyMetrics
 from epd_connectors.proxy.rewrite import Encoded, EncoderBatch, batches, encoder_body, parse_encoder_answer
 from epd_connectors.proxy.roster import Instance, ProxyRole, Roster, outstanding
@@ -62,13 +66,16 @@ class EncodeStage:
         transfer_ids: dict[str, str] = {}
         unique = list({item.uuid: item for item in items}.values())
         tried: dict[str, set[str]] = {item.uuid: set() for item in unique}
+        answered = {item.uuid: True for item in unique}  # every encoder tried answered 5xx (none failed on the way)
         pending = unique
         last_error: ProxyError | None = None
         for attempt in range(self._options.limits.retries + 1):
             assignment = [(item, self._place(item, frozenset(tried[item.uuid]), attempt == 0)) for item in pending]
             missing = [item for item, encoder in assignment if encoder is None]
             if missing:
-                raise last_error or NoInstanceError("no healthy encoder to send the request's media to")
+                if last_error is None:
+                    raise NoInstanceError("no healthy encoder to send the request's media to")
+                raise _giving_up(missing, last_error, answered)
             plan = batches(
                 [(item, encoder) for item, encoder in assignment if encoder is not None],
                 self._options.limits.encoder_batch_max,
@@ -84,6 +91,7 @@ class EncodeStage:
                     pending.extend(batch.items)
                     for item in batch.items:
                         tried[item.uuid].add(batch.encoder)
+                        answered[item.uuid] = answered[item.uuid] and answered_5xx(error)
                     continue
                 encoded.update(result)
                 if consumer_zmq is not None:
@@ -92,7 +100,7 @@ class EncodeStage:
                 break
         if pending:
             assert last_error is not None
-            raise last_error
+            raise _giving_up(pending, last_error, answered)
         self._metrics.observe_stage("encode", time.perf_counter() - started)
         return encoded, transfer_ids
 
@@ -122,7 +130,7 @@ class EncodeStage:
     ) -> dict[str, Encoded]:
         instance = self._roster.get(ROLE, batch.encoder)
         if instance is None:
-            raise BackendUnavailableError(f"encoder {batch.encoder} left the roster")
+            raise BackendUnavailableError(f"encoder {batch.encoder} left the roster", unreachable=True)
         body = encoder_body(request, batch, consumer_zmq)
         headers = {"x-request-id": f"{request_id}-enc-{batch.transfer_ids[0][:8]}"}
         self._metrics.count_backend(ROLE.value, instance.url)
@@ -137,3 +145,18 @@ class EncodeStage:
                     f"encoder {instance.url} took longer than {self._options.timeouts.encode} s"
                 ) from exc
         return parse_encoder_answer(answer, batch, instance.url)
+
+
+def _giving_up(items: Sequence[MediaItem], last: ProxyError, answered: Mapping[str, bool]) -> ProxyError:
+    """The error for items no encoder could encode. A URL every encoder tried answered 5xx for is the media's
+    fault: vLLM retried the fetch already (VLLM_MEDIA_FETCH_MAX_RETRIES), so the client gets a 4xx saying which
+    item, not a 502 that invites it to send the same URL again. Anything else is the encoders' failure."""
+    for item in items:
+        url = fetched_url(item)
+        if url is not None and answered[item.uuid]:
+            shown = url if len(url) <= 200 else url[:200] + "..."
+            return MediaUnavailableError(
+                f"{item.where}: the encoders could not load the {item.type} {shown!r} ({last.message}). "
+                "Fix: give a URL the serving side can reach, or send the content inline as a data URL"
+            )
+    return last

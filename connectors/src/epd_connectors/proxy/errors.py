@@ -40,6 +40,15 @@ class BadRequestError(ProxyError):
     kind = "invalid_request_error"
 
 
+class MediaUnavailableError(BadRequestError):
+    """A media item the request names by URL could not be loaded by any encoder tried (a host that refuses or
+    fails, a file URL the encoders may not read): the request is at fault. vLLM answers 500 for these (it
+    treats a refused connection as transient and has already retried the fetch itself) and 422 for a URL that
+    answers 4xx; the client gets that 422 either way, with the encoder's message."""
+
+    status = 422
+
+
 class NoInstanceError(ProxyError):
     """No healthy instance of a role the request needs."""
 
@@ -76,6 +85,13 @@ class StageTimeoutError(ProxyError):
 
     status = 504
     kind = "timeout"
+
+
+def answered_5xx(error: ProxyError) -> bool:
+    """True when an instance answered the request with a 5xx status, as opposed to failing on the way: the
+    backend raises that BackendUnavailableError itself, with no cause, while a transport failure carries the
+    exception it came from (and a refused connection is `unreachable`)."""
+    return isinstance(error, BackendUnavailableError) and not error.unreachable and error.__cause__ is None
 
 
 def from_client_error(exc: BaseException, role: str, url: str) -> ProxyError:

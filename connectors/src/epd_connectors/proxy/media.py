@@ -26,6 +26,8 @@ MEDIA_TYPES: dict[str, str] = {
 """Media part types vLLM 0.33 accepts in chat content, and the `*_embeds` type each becomes once encoded."""
 
 EMBEDS_TYPES = frozenset(MEDIA_TYPES.values())
+FETCHED_SCHEMES = ("http:", "https:", "file:")
+"""URL schemes whose content the encoder has to fetch (vLLM's MediaConnector); a data URL is inline."""
 _INFER_ORDER = ("image_url", "image_pil", "image_embeds", "audio_url", "input_audio", "audio_embeds", "video_url")
 
 
@@ -41,6 +43,17 @@ class MediaItem:
     uuid: str
     content: Mapping[str, Any]
     """The part as the client sent it."""
+
+    @property
+    def where(self) -> str:
+        return f"messages[{self.message}].content[{self.part}]"
+
+
+def fetched_url(item: MediaItem) -> str | None:
+    """The URL an encoder has to fetch for this item (http, https, file), or None when the content is inline."""
+    value = item.content.get(item.type)
+    url = value.get("url") if isinstance(value, Mapping) else value
+    return url if isinstance(url, str) and url.lower().startswith(FETCHED_SCHEMES) else None
 
 
 def part_type(part: Mapping[str, Any]) -> str | None:

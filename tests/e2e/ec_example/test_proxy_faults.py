@@ -1,7 +1,7 @@
 """The real `epd-proxy` in front of real vLLM (CPU build, tiny Qwen2-VL) when things go wrong: an encoder killed
 while requests flow is routed around (every answer still equals the baseline); a hung or dead PD gives a clear
 5xx within seconds, and a PD killed mid-stream ends the stream with an error event; a malformed request gets
-400 with a message.
+400 with a message; media the encoder cannot load get a 4xx naming them, and the PD is unharmed.
 
 Two instances of its own (started once for this module, stopped at its end): a second encoder, sharing the
 fleet's EC folder, to be killed; and a plain PD to be frozen and killed. The fleet's instances are never
@@ -11,6 +11,7 @@ together with the fleet when this module runs first (and together otherwise).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -33,6 +34,7 @@ from tests.e2e.conftest import (
     TIMINGS,
     Launcher,
     VllmInstance,
+    free_port,
     image_data_url,
     tiny_server,
     vllm_bundle,
@@ -87,8 +89,7 @@ def spares(request: pytest.FixtureRequest, launcher: Launcher, tiny_model: Path)
         TIMINGS.add("start spares (wall, with the fleet if first)", time.monotonic() - started)
         yield Spares(encoder=encoder, pd=pd, fleet=fleet)
     finally:
-        for instance in (encoder, pd):
-            instance.stop()
+        launcher.stop_each([encoder, pd])
 
 
 def kill(instance: VllmInstance) -> None:
@@ -196,6 +197,40 @@ def test_malformed_requests_get_400_with_a_message(spares: Spares, tmp_path: Pat
         # The PD is unharmed (a metadata-only reference would have killed its engine).
         assert http(fleet.pd.url + "/health").status == 200
         assert generate(proxy.url, good, False, "proxy after malformed")[1]
+
+
+def test_media_the_encoder_cannot_load_get_a_4xx_and_the_pd_is_unharmed(fleet: Fleet, tmp_path: Path) -> None:
+    """Bytes that are no image and an unsupported scheme: the encoder's own 400, passed on. A URL of a loopback
+    port nothing listens on, and a file URL (this encoder may read no local files): vLLM answers 500 after its
+    own fetch retries, which the proxy turns into 422 naming the item. Each is one encoder request (no retry
+    storm), never reaches the PD, and the next normal request still equals the baseline."""
+    refused = f"http://127.0.0.1:{free_port()}/cat.png"
+    not_png = "data:image/png;base64," + base64.b64encode(b"these bytes are not an image" * 8).decode()
+    cases: dict[str, tuple[str, int, str]] = {
+        "bytes that are no image": (not_png, 400, "image"),
+        "a data URL that is not base64": ("data:image/png;base64,@@not-base64@@", 400, "base64"),
+        "an unsupported scheme": ("gopher://127.0.0.1/cat.png", 400, "URL must be"),
+        "a port nothing listens on": (refused, 422, refused),
+        "a file URL": ("file:///nonexistent/cat.png", 422, "file:///nonexistent/cat.png"),
+    }
+    good = chat([image_part(image_data_url(seed=5)), {"type": "text", "text": "What is this?"}])
+    expected = baseline(fleet.baseline, good, "image (bad media reference)")
+    with local_proxy(encoders=[fleet.encoder.url], pd=[fleet.pd.url], log_dir=tmp_path) as proxy:
+        for name, (url, status, needle) in cases.items():
+            before = {role: metric(proxy, "epd_proxy_backend_requests_total", role=role) for role in ("encoder", "pd")}
+            reply = http(proxy.url + "/v1/chat/completions", chat([image_part(url), {"type": "text", "text": "Hi"}]))
+            TIMINGS.add(f"request proxy bad media: {name}", reply.seconds)
+            assert reply.status == status, f"{name}: HTTP {reply.status} {reply.data[:500]!r}"
+            message = str(reply.json()["error"]["message"])
+            assert needle.lower() in message.lower(), f"{name}: {message!r}"
+            # vLLM retries a refused fetch itself (1 s + 4 s back-off); anything near a timeout is a hang.
+            assert reply.seconds < 30, f"{name} took {reply.seconds:.1f}s"
+            after = {role: metric(proxy, "epd_proxy_backend_requests_total", role=role) for role in ("encoder", "pd")}
+            assert (after["encoder"] - before["encoder"], after["pd"] - before["pd"]) == (1, 0), name
+        assert metric(proxy, "epd_proxy_requests_total", status="422") == 2
+        assert http(fleet.encoder.url + "/health").status == 200
+        assert http(fleet.pd.url + "/health").status == 200
+        assert generate(proxy.url, good, False, "proxy image after bad media") == expected
 
 
 def test_pd_frozen_then_killed_gives_a_clear_5xx_not_a_hang(spares: Spares, tmp_path: Path) -> None:

@@ -157,7 +157,7 @@ class LocalDeployment:
             if only is None or instance.role.value in only:
                 self.running.append(self._start(instance))
 
-    def _start(self, instance: Instance) -> Running:
+    def _start(self, instance: Instance, *, again: bool = False) -> Running:
         folder = self.workdir / instance.name
         folder.mkdir(parents=True, exist_ok=True)
         bundle_path = folder / "bundle.json"
@@ -175,17 +175,48 @@ class LocalDeployment:
         }
         argv = [str(self.python), "-m", LAUNCH_MODULE, instance.role.value]
         argv += ["--bundle", str(bundle_path), "--workdir", str(folder / "launch")]
-        with log.open("wb") as out:
+        # A restarted instance keeps writing the same log, as `kubectl logs --previous` keeps the last life.
+        with log.open("ab" if again else "wb") as out:
+            if again:
+                out.write(f"--- epd-local: restarted {instance.name} ---\n".encode())
+                out.flush()
             popen = subprocess.Popen(  # stopped by stop(); its own session, so its group can be signalled
                 argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=folder, start_new_session=True
             )
-        self.say(f"started {instance.name} ({instance.role.value}, {instance.ready.describe()}), log {log}")
+        what = "restarted" if again else "started"
+        self.say(f"{what} {instance.name} ({instance.role.value}, {instance.ready.describe()}), log {log}")
         return Running(instance, popen, log, time.monotonic())
 
-    def wait_ready(self, deadline_s: float = DEFAULT_START_DEADLINE_S) -> None:
-        """Until every started instance is ready; progress lines while waiting; StartError for the first one
-        that exits or misses the deadline."""
-        pending = list(self.running)
+    def get(self, name: str) -> Running:
+        """The running instance called `name` (KeyError naming the known ones otherwise)."""
+        for run in self.running:
+            if run.name == name:
+                return run
+        raise KeyError(f"{name} is not running here; running: {', '.join(r.name for r in self.running)}")
+
+    def kill(self, name: str) -> None:
+        """SIGKILL the instance's whole process group, as a crash or an OOM kill would end a pod's container,
+        and wait until it is gone. It stays in `running`: `restart` starts it again."""
+        run = self.get(name)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(run.popen.pid, signal.SIGKILL)
+        run.popen.wait(timeout=10)
+        self.say(f"killed  {name}")
+
+    def restart(self, name: str, deadline_s: float = DEFAULT_START_DEADLINE_S) -> Running:
+        """Start the instance again the way a Deployment restarts its pod: the same argv, bundle, ports and
+        environment (stopped first if it still runs); wait until it is ready. Nothing else is touched."""
+        old = self.get(name)
+        old.stop()
+        run = self._start(old.instance, again=True)
+        self.running[self.running.index(old)] = run
+        self.wait_ready(deadline_s, [run])
+        return run
+
+    def wait_ready(self, deadline_s: float = DEFAULT_START_DEADLINE_S, runs: list[Running] | None = None) -> None:
+        """Until every started instance (or each of `runs`) is ready; progress lines while waiting; StartError
+        for the first one that exits or misses the deadline."""
+        pending = list(self.running if runs is None else runs)
         last_note = time.monotonic()
         while pending:
             for run in list(pending):

@@ -11,11 +11,11 @@ BIN_DIR   := .cache/bin
 KUBECONFIG_PATH := .run/cluster/kubeconfig
 export PATH := $(CURDIR)/$(BIN_DIR):$(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help setup setup-apt setup-python setup-k8s-tools lint fmt test test-unit test-cluster test-store \
+.PHONY: help setup setup-apt setup-python setup-k8s-tools lint fmt test test-fast test-unit test-cluster test-store \
         setup-e2e test-e2e cluster-up cluster-down cluster-status demo demo-local bench clean crds images
 
 help: ## list the targets
-	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 setup: setup-apt setup-python setup-k8s-tools ## install everything a fresh machine needs (idempotent)
 
@@ -44,7 +44,15 @@ crds: setup-python ## regenerate crds/ from the API models
 images: ## build the container images (images/); without a Docker engine, say so and build nothing
 	@images/build.sh
 
-test: setup ## every tier but e2e: unit, store (real Mooncake), cluster (real control plane)
+# Two pytest runs, so the control plane and Mooncake processes of the first are gone before vLLM starts; both
+# always run (one CI pass reports every tier) and the target fails if either did.
+test: setup setup-e2e ## every tier: unit, proxy, store, cluster, then e2e (real vLLM; installs .venv-e2e, ~6 GB)
+	@rc=0; \
+	$(PYTEST) -m "not e2e" || rc=$$?; \
+	EPD_E2E_VENV=$(VENV_E2E) $(PYTEST) -m e2e || rc=$$?; \
+	exit $$rc
+
+test-fast: setup ## every tier but e2e: unit, proxy, store (real Mooncake), cluster (real control plane)
 	$(PYTEST) -m "not e2e"
 
 test-unit: setup-python ## the quick pure tests only
@@ -59,7 +67,7 @@ test-cluster: setup ## tests against the local control plane
 setup-e2e: ## .venv-e2e: the CPU build of vLLM (5.4 GB, pinned) and the tiny test model (idempotent)
 	@hack/setup-e2e.sh $(VENV_E2E)
 
-test-e2e: setup-python setup-e2e ## tests against real vLLM (CPU build) serving the tiny model
+test-e2e: setup-apt setup-python setup-e2e ## tests against real vLLM (CPU build) serving the tiny model
 	EPD_E2E_VENV=$(VENV_E2E) $(PYTEST) -m e2e
 
 cluster-up: setup ## start the local control plane; kubeconfig at .run/cluster/kubeconfig

@@ -5,8 +5,9 @@ Each instance is a `RoleBundle` built from epd_connectors' models, exactly what 
 listens on a free loopback port, logs to a file that is printed when it dies or does not become healthy in time,
 and is stopped (its whole process group: the API server and its engine core) at teardown.
 
-The tier is opt-in: its tests are deselected unless the run selects `e2e` (`pytest -m e2e`, `make test-e2e`) or
-names a path under tests/e2e, so `pytest`, `pytest -m unit` and `make test` never need the e2e venv.
+The tier is opt-in: its tests are deselected unless the run selects `e2e` (`pytest -m e2e`, `make test-e2e`,
+`make test`) or names a path under tests/e2e, so `pytest`, `pytest -m unit` and `make test-fast` never need the
+e2e venv. A session of the tier prints its wall time and the machine's peak memory use under "e2e timings".
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import signal
 import socket
 import struct
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -114,11 +116,84 @@ class Timings:
 TIMINGS = Timings()
 
 
+class MemorySampler:
+    """The machine's used memory (MemTotal - MemAvailable of /proc/meminfo) once a second, from a daemon thread:
+    the peak is what the tier needs of a CI machine (the whole machine's, so another job's use counts too;
+    `at_start` shows how much was in use before the tier began)."""
+
+    def __init__(self, interval_s: float = 1.0) -> None:
+        self.interval_s = interval_s
+        self.at_start = self.peak = used_bytes()
+        self.peak_after_s = 0.0
+        self._started = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="e2e-memory-sampler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            used = used_bytes()
+            if used > self.peak:
+                self.peak, self.peak_after_s = used, time.monotonic() - self._started
+
+
+def used_bytes() -> int:
+    """MemTotal - MemAvailable: what `free` would have to find elsewhere (page cache it may drop is not used)."""
+    fields: dict[str, int] = {}
+    with open("/proc/meminfo", encoding="ascii") as meminfo:
+        for line in meminfo:
+            name, _, rest = line.partition(":")
+            fields[name] = int(rest.split()[0]) * 1024
+    return fields["MemTotal"] - fields["MemAvailable"]
+
+
+@dataclass
+class Stage:
+    """The tier as a whole: its wall time (first e2e test's setup to the last instance stopped) and memory."""
+
+    wall_s: float | None = None
+    sampler: MemorySampler | None = None
+
+
+STAGE = Stage()
+GIB = 1024**3
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if TIMINGS.entries:
-        terminalreporter.section("e2e timings")
-        for name, seconds in TIMINGS.entries.items():
-            terminalreporter.write_line(f"{name:<40} {seconds:8.1f} s")
+    if not TIMINGS.entries and STAGE.wall_s is None:
+        return
+    terminalreporter.section("e2e timings")
+    for name, seconds in TIMINGS.entries.items():
+        terminalreporter.write_line(f"{name:<56} {seconds:8.1f} s")
+    if STAGE.wall_s is not None:
+        terminalreporter.write_line(f"{'e2e stage (wall)':<56} {STAGE.wall_s:8.1f} s")
+    if STAGE.sampler is not None:
+        sampler = STAGE.sampler
+        terminalreporter.write_line(
+            f"{'peak used memory (MemTotal - MemAvailable)':<56} {sampler.peak / GIB:8.1f} GiB "
+            f"({sampler.peak_after_s:.0f} s into the stage; {sampler.at_start / GIB:.1f} GiB in use at its start)"
+        )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def e2e_stage() -> Iterator[None]:
+    """Times the tier and samples memory while it runs. Set up before (and so torn down after) every other
+    session fixture of the tier, so the wall time includes starting and stopping every instance."""
+    sampler = MemorySampler()
+    sampler.start()
+    STAGE.sampler = sampler
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        sampler.stop()
+        STAGE.wall_s = time.monotonic() - started
 
 
 @pytest.fixture(scope="session")
@@ -157,6 +232,8 @@ class VllmInstance:
     popen: subprocess.Popen[bytes]
     log: Path
     started: float
+    ready: bool = False
+    """Seen healthy once (wait_healthy does not wait for it again)."""
 
     @property
     def port(self) -> int:
@@ -285,14 +362,16 @@ class Launcher:
         return instance
 
     def wait_healthy(self, instances: list[VllmInstance], deadline_s: float = START_DEADLINE_S) -> None:
-        """Wait until every instance answers /health; progress every 15 s; fail with the log of the culprit."""
-        pending = list(instances)
+        """Wait until every instance answers /health; progress every 15 s; fail with the log of the culprit.
+        An instance seen healthy before is not waited for (nor timed) again."""
+        pending = [instance for instance in instances if not instance.ready]
         last_note = time.monotonic()
         while pending:
             for instance in list(pending):
                 elapsed = time.monotonic() - instance.started
                 if instance.healthy():
                     pending.remove(instance)
+                    instance.ready = True
                     TIMINGS.add(f"start {instance.name}", elapsed)
                     self.say(f"{instance.name}: healthy after {elapsed:.0f}s")
                 elif not instance.alive():
@@ -339,14 +418,19 @@ def launcher(
 
 
 @pytest.fixture(scope="session")
-def baseline(launcher: Launcher, tiny_model: Path) -> VllmInstance:
+def baseline_started(launcher: Launcher, tiny_model: Path) -> VllmInstance:
     """The single-instance reference every fidelity test compares with: a plain PD, no connector, the same model
-    and settings as every other instance. One for the whole session (started on first use)."""
-    started = time.monotonic()
-    instance = launcher.start("baseline", vllm_bundle("baseline", tiny_server(tiny_model, "pd")))
-    launcher.wait_healthy([instance])
-    TIMINGS.add("baseline healthy (wall)", time.monotonic() - started)
-    return instance
+    and settings as every other instance. One for the whole session, started on first use but not waited for:
+    a fixture that starts instances of its own asks for this one and waits for all of them together (on 2 cores
+    three instances starting at once are healthy sooner than one and then two)."""
+    return launcher.start("baseline", vllm_bundle("baseline", tiny_server(tiny_model, "pd")))
+
+
+@pytest.fixture(scope="session")
+def baseline(launcher: Launcher, baseline_started: VllmInstance) -> VllmInstance:
+    """The baseline, healthy."""
+    launcher.wait_healthy([baseline_started])
+    return baseline_started
 
 
 def png_bytes(width: int, height: int, seed: int) -> bytes:

@@ -87,7 +87,7 @@ def _consumer(launcher: Launcher, model: Path, name: str, env: dict[str, str]) -
 
 
 @pytest.fixture(scope="module")
-def mooncake(launcher: Launcher, baseline: VllmInstance, tiny_model: Path) -> Iterator[MooncakeFleet]:
+def mooncake(launcher: Launcher, baseline_started: VllmInstance, tiny_model: Path) -> Iterator[MooncakeFleet]:
     """The session's baseline; the encoder and both PDs, started at once and stopped when the module ends (so the
     next module's instances never overlap them in memory)."""
     started = time.monotonic()
@@ -108,9 +108,9 @@ def mooncake(launcher: Launcher, baseline: VllmInstance, tiny_model: Path) -> It
     pd_unpatched = _consumer(launcher, tiny_model, "mc-pd-unpatched", {**HOST_ENV, TOGGLE_ENV: "0"})
     instances = [encoder, pd, pd_unpatched]
     try:
-        launcher.wait_healthy(instances)
+        launcher.wait_healthy([baseline_started, *instances])
         TIMINGS.add("mooncake: encoder, two PDs healthy (wall)", time.monotonic() - started)
-        yield MooncakeFleet(baseline=baseline, encoder=encoder, pd=pd, pd_unpatched=pd_unpatched)
+        yield MooncakeFleet(baseline=baseline_started, encoder=encoder, pd=pd, pd_unpatched=pd_unpatched)
     finally:
         launcher.stop_each(instances)
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from epd_operator.local import processes, profile, sample
-from tests.e2e.conftest import REPO, SERVED_MODEL, TIMINGS, VllmInstance, image_data_url, progress
+from tests.e2e.conftest import REPO, SERVED_MODEL, TIMINGS, Launcher, VllmInstance, image_data_url, progress
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
@@ -38,14 +38,21 @@ def tokens(answer: dict[str, Any]) -> tuple[str, list[str]]:
 
 
 def test_the_local_example_answers_through_its_proxy_as_the_baseline_does(
-    request: pytest.FixtureRequest, baseline: VllmInstance, tiny_model: Path, e2e_python: Path, tmp_path: Path
+    request: pytest.FixtureRequest,
+    launcher: Launcher,
+    baseline_started: VllmInstance,
+    tiny_model: Path,
+    tmp_path: Path,
 ) -> None:
+    """The session's baseline starts together with the local deployment when this module runs alone."""
     say = progress(request.config)
     plan = processes.plan_on_free_ports(EXAMPLE, tmp_path, tiny_model, profile.CPU)
     assert [i.role.value for i in plan.instances] == ["encoder", "pd", "proxy"]
     started = time.monotonic()
-    with processes.deployment(plan, tmp_path, e2e_python, say=lambda line: say(f"local: {line}")) as local:
+    with processes.deployment(plan, tmp_path, launcher.python, say=lambda line: say(f"local: {line}")) as local:
         TIMINGS.add("local runner: start E + PD + proxy", time.monotonic() - started)
+        launcher.wait_healthy([baseline_started])
+        baseline = baseline_started
         bodies = {
             "image": chat(
                 [{"type": "image_url", "image_url": {"url": image_data_url(seed=3)}}, {"type": "text", "text": "What?"}]

@@ -25,8 +25,9 @@ class Fleet:
 
 
 @pytest.fixture(scope="package")
-def fleet(launcher: Launcher, baseline: VllmInstance, tiny_model: Path) -> Iterator[Fleet]:
-    """Start the encoder and the PD at once (about 35 s each on 2 idle cores); stop both when the folder is done."""
+def fleet(launcher: Launcher, baseline_started: VllmInstance, tiny_model: Path) -> Iterator[Fleet]:
+    """Start the encoder and the PD at once (with the session's baseline when this folder runs first: about 60 s
+    for the three on 2 idle cores); stop both when the folder is done."""
     ec_folder = launcher.workdir / "ec-shared"
     ec_folder.mkdir(exist_ok=True)
     started = time.monotonic()
@@ -50,8 +51,8 @@ def fleet(launcher: Launcher, baseline: VllmInstance, tiny_model: Path) -> Itera
         ),
     )
     try:
-        launcher.wait_healthy([encoder, pd])
+        launcher.wait_healthy([baseline_started, encoder, pd])
         TIMINGS.add("ec_example: encoder and PD healthy (wall)", time.monotonic() - started)
-        yield Fleet(baseline=baseline, encoder=encoder, pd=pd, ec_folder=ec_folder)
+        yield Fleet(baseline=baseline_started, encoder=encoder, pd=pd, ec_folder=ec_folder)
     finally:
         launcher.stop_each([encoder, pd])

@@ -1,62 +1,19 @@
 """Discovery's list-and-watch loop keeps the roster equal to the ready pods, with a stand-in Kubernetes client.
 
-The stand-in has the client's surface that discovery uses (DiscoveryV1Api.list_namespaced_endpoint_slice,
-watch.Watch().stream, ApiClient().sanitize_for_serialization) and replays slices and watch events: no cluster
-runs in this tier, and scaling events are easier to script than to cause.
+The stand-in (tests.proxy.kube_stand_in) has the client's surface that discovery uses and replays slices and
+watch events: no cluster runs in this tier, and scaling events are easier to script than to cause.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import Iterator
-from types import SimpleNamespace
-from typing import Any
 
 from epd_connectors.proxy.app import ProxyApp
 from epd_connectors.proxy.discovery import kubernetes_discovery
 from epd_connectors.proxy.discovery_slices import RoleWatch
 from epd_connectors.proxy.roster import ProxyRole, Roster
 from tests.proxy.harness import FAST, run
-
-
-def slice_(name: str, service: str, *addresses: tuple[str, bool]) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name, "labels": {"kubernetes.io/service-name": service}},
-        "addressType": "IPv4",
-        "endpoints": [{"addresses": [a], "conditions": {"ready": ready}} for a, ready in addresses],
-        "ports": [{"name": "http", "port": 8000}],
-    }
-
-
-class StandInKubernetes:
-    """Lists `listed` and then streams `events`, per Service (by the label selector)."""
-
-    def __init__(self, listed: list[dict[str, Any]], events: list[tuple[str, dict[str, Any]]]) -> None:
-        self.listed, self.events = listed, events
-        self.done = threading.Event()
-        self.client = SimpleNamespace(
-            DiscoveryV1Api=lambda: SimpleNamespace(list_namespaced_endpoint_slice=self._list),
-            ApiClient=lambda: SimpleNamespace(sanitize_for_serialization=lambda obj: obj),
-        )
-        self.watch = SimpleNamespace(Watch=lambda: SimpleNamespace(stream=self._stream))
-
-    @staticmethod
-    def _service(selector: str) -> str:
-        return selector.split("=", 1)[1]
-
-    def _list(self, namespace: str, label_selector: str) -> Any:
-        service = self._service(label_selector)
-        items = [s for s in self.listed if s["metadata"]["labels"]["kubernetes.io/service-name"] == service]
-        return SimpleNamespace(items=items, metadata=SimpleNamespace(resource_version="7"))
-
-    def _stream(self, func: Any, namespace: str, **kwargs: Any) -> Iterator[dict[str, Any]]:
-        assert kwargs["resource_version"] == "7"
-        service = self._service(kwargs["label_selector"])
-        for kind, obj in self.events:
-            if obj["metadata"]["labels"]["kubernetes.io/service-name"] == service:
-                yield {"type": kind, "object": obj}
-        self.done.wait(5)
+from tests.proxy.kube_stand_in import StandInKubernetes, slice_
 
 
 def test_scaling_events_change_the_roster_without_a_restart() -> None:

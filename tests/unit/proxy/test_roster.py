@@ -96,7 +96,7 @@ def test_bundle_peers_give_the_roster_and_the_services_to_watch() -> None:
     )
     specs = from_peers(peers).specs()
     assert specs[ProxyRole.PD] == [InstanceSpec("http://demo-pd.ns.svc:8000", ("tcp://demo-pd.ns.svc:14579",))]
-    watches = watches_from_peers(peers, ec_port=14579, ec_tp=1, ec_dp=1, bootstrap_port=None)
+    watches = watches_from_peers(peers, ec_port=14579, ec_tp=[1], ec_dp=[1])
     assert [(w.role, w.service, w.port, w.ec_port) for w in watches] == [
         (ProxyRole.ENCODER, "demo-encoder", 8000, None),
         (ProxyRole.PD, "demo-pd", 8000, 14579),

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from epd_connectors.config.base import ConfigError
-from epd_connectors.config.bundle import load_bundle
+from epd_connectors.config.bundle import Peers, load_bundle
 from epd_connectors.proxy import settings as s
 from epd_connectors.proxy.app import Discovery, ProxyApp
 from epd_connectors.proxy.discovery_slices import RoleWatch
@@ -64,7 +64,7 @@ def parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
         type=int,
         default=[],
         metavar="PORT",
-        help="MooncakeConnector bootstrap port per prefill (or one for all)",
+        help="MooncakeConnector bootstrap port per prefill (Service with --discover), or one for all",
     )
     p.add_argument("--kv-protocol", choices=[k.value for k in s.KVProtocol], default=s.KVProtocol.PASSIVE.value)
     p.add_argument("--no-encoder-affinity", action="store_true", help="spread media by load, not by content hash")
@@ -84,8 +84,16 @@ def parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument("--discover", action="store_true", help="follow the roles' EndpointSlices (needs the bundle)")
     p.add_argument("--ec-port", type=int, help="discovery: consumers' EC base control port (push connector)")
-    p.add_argument("--ec-tp-size", type=int, default=1)
-    p.add_argument("--ec-dp-size", type=int, default=1)
+    for flag, what in (("tp", "tensor"), ("dp", "data")):
+        p.add_argument(
+            f"--ec-{flag}-size",
+            action="append",
+            type=int,
+            default=[],
+            metavar="N",
+            help=f"discovery: {what}-parallel size per EC consumer Service, in the bundle's order (or one for all; "
+            "the control port of DP replica d is ec-port + d*tp)",
+        )
     p.add_argument("--log-level", default="warning")
     _env_defaults(p, os.environ if environ is None else environ)
     return p
@@ -126,14 +134,7 @@ def build(
                 host, port, affinity = bundle.proxy.host, bundle.proxy.port, bundle.proxy.encoder_affinity
             static = from_peers(bundle.peers)
             if args.discover:
-                watches = watches_from_peers(
-                    bundle.peers,
-                    ec_port=args.ec_port,
-                    ec_tp=args.ec_tp_size,
-                    ec_dp=args.ec_dp_size,
-                    bootstrap_port=args.prefill_bootstrap_port[0] if args.prefill_bootstrap_port else None,
-                )
-                discovery = _discovery(bundle.namespace, watches)
+                discovery = _discovery(bundle.namespace, watches_from(args, bundle.peers))
         elif args.discover:
             raise ValueError("--discover needs --bundle (the Services come from its peers)")
         static = StaticRoster(
@@ -155,6 +156,17 @@ def build(
     )
     app = ProxyApp(roster, options, discovery=discovery)
     return app, args.host or host, args.port or port, args.log_level
+
+
+def watches_from(args: argparse.Namespace, peers: Peers) -> list[RoleWatch]:
+    """The Services `--discover` watches, each with its own consumer settings; ValueError if they do not fit."""
+    return watches_from_peers(
+        peers,
+        ec_port=args.ec_port,
+        ec_tp=args.ec_tp_size,
+        ec_dp=args.ec_dp_size,
+        bootstrap_ports=args.prefill_bootstrap_port,
+    )
 
 
 def _discovery(namespace: str, watches: list[RoleWatch]) -> Discovery:

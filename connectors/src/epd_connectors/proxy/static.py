@@ -73,30 +73,59 @@ def from_peers(peers: Peers) -> StaticRoster:
 
 
 def watches_from_peers(
-    peers: Peers, *, ec_port: int | None, ec_tp: int, ec_dp: int, bootstrap_port: int | None
+    peers: Peers,
+    *,
+    ec_port: int | None,
+    ec_tp: Sequence[int] = (),
+    ec_dp: Sequence[int] = (),
+    bootstrap_ports: Sequence[int] = (),
 ) -> list[RoleWatch]:
-    """Discovery targets from the bundle: each role's Service is the first DNS label of its endpoint host."""
+    """Discovery targets from the bundle: one watch per endpoint, its Service the first DNS label of the host.
+
+    A role may have several Services (each prefill pool has its own), and a pool's parallel sizes decide its
+    pods' EC control ports, so the per-consumer settings are given per consumer endpoint in the bundle's
+    order, or one value for all (as `StaticRoster.bootstrap_ports`); none means 1 (sizes) or no port.
+    ValueError when a list matches neither.
+    """
     split = bool(peers.prefill)
+    consumer = ProxyRole.PREFILL if split else ProxyRole.PD
+    consumers = list(peers.prefill) if split else list(peers.pd or peers.decode)
+    tp = _per_endpoint(ec_tp, len(consumers), "EC tensor-parallel sizes (--ec-tp-size)") or [1] * len(consumers)
+    dp = _per_endpoint(ec_dp, len(consumers), "EC data-parallel sizes (--ec-dp-size)") or [1] * len(consumers)
+    bootstrap = _per_endpoint(bootstrap_ports, len(peers.prefill), "bootstrap ports (--prefill-bootstrap-port)")
     out: list[RoleWatch] = []
     for role, endpoints in (
-        (ProxyRole.ENCODER, peers.encoders),
-        (ProxyRole.PREFILL, peers.prefill),
-        (ProxyRole.DECODE if split else ProxyRole.PD, peers.decode if split else (peers.pd or peers.decode)),
+        (ProxyRole.ENCODER, list(peers.encoders)),
+        (ProxyRole.PREFILL, list(peers.prefill)),
+        (ProxyRole.DECODE if split else ProxyRole.PD, list(peers.decode) if split else consumers),
     ):
-        for endpoint in endpoints[:1]:
-            consumer = role is (ProxyRole.PREFILL if split else ProxyRole.PD)
+        for i, endpoint in enumerate(endpoints):
+            is_consumer = role is consumer
             out.append(
                 RoleWatch(
                     role,
                     endpoint.host.split(".")[0],
                     port=endpoint.port,
-                    ec_port=ec_port if consumer else None,
-                    ec_tensor_parallel_size=ec_tp,
-                    ec_data_parallel_size=ec_dp,
-                    bootstrap_port=bootstrap_port if role is ProxyRole.PREFILL else None,
+                    ec_port=ec_port if is_consumer else None,
+                    ec_tensor_parallel_size=tp[i] if is_consumer else 1,
+                    ec_data_parallel_size=dp[i] if is_consumer else 1,
+                    bootstrap_port=bootstrap[i] if bootstrap and role is ProxyRole.PREFILL else None,
                 )
             )
     return out
+
+
+def _per_endpoint(values: Sequence[int], count: int, what: str) -> list[int]:
+    """`values` spread over `count` endpoints: one each, or one for all; [] when none are given."""
+    if any(v < 1 for v in values):
+        raise ValueError(f"{what} {list(values)}: each must be at least 1")
+    if not values:
+        return []
+    if len(values) == 1:
+        return [values[0]] * count
+    if len(values) != count:
+        raise ValueError(f"{len(values)} {what} for {count} Services; give one per Service, in the bundle's order")
+    return list(values)
 
 
 def _base(url: str) -> str:

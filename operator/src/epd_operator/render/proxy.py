@@ -53,16 +53,21 @@ def proxy_bundle(ctx: Context, units: list[Unit]) -> RoleBundle:
     )
 
 
+def _consumer_units(ctx: Context, units: list[Unit]) -> list[Unit]:
+    """The units that receive encoder output (each prefill pool, else the PD pool), in the order of their
+    endpoints in the proxy's peers: the proxy pairs its per-consumer settings with those endpoints by position."""
+    role = c.ROLE_PREFILL if ctx.spec.prefill is not None else c.ROLE_PD
+    return [u for u in units if u.role == role]
+
+
 def _ec_consumers(ctx: Context, units: list[Unit]) -> list[str]:
     """With a static roster (derive.site), each EC consumer's control address (TP rank 0, one instance per
     unit), in the order of the consumer endpoints; empty in a cluster, where the proxy learns them from pods."""
     if not ctx.site.network.static_roster or ctx.spec.encoder.connector != "mooncake":
         return []
-    role = c.ROLE_PREFILL if ctx.spec.prefill is not None else c.ROLE_PD
     return [
         f"tcp://{ctx.names.host(u.name)}:{ctx.port(u.name, ports.ec_port_name(0), ports.EC_CONTROL_PORT)}"
-        for u in units
-        if u.role == role
+        for u in _consumer_units(ctx, units)
     ]
 
 
@@ -72,11 +77,13 @@ def proxy_env(ctx: Context, units: list[Unit]) -> dict[str, str]:
     # A static roster (derive.site: the local runner) lists every instance and EC address in the peers.
     static = ctx.site.network.static_roster
     env = {} if static else {"EPD_PROXY_DISCOVER": "1"}
-    consumers = [u for u in units if u.role in (c.ROLE_PREFILL, c.ROLE_PD)]
+    consumers = _consumer_units(ctx, units)
     if ctx.spec.encoder.connector == "mooncake" and consumers and not static:
         # The proxy tells each encoder which consumer pod to push to: pod IP + the control port of its rank 0.
+        # That port depends on the pod's TP size (DP replica d's rank 0 is ec_port + d*tp), and prefill pools
+        # may differ in TP, so the proxy gets one size per consumer Service, in the order of the peers.
         env["EPD_PROXY_EC_PORT"] = str(ports.EC_CONTROL_PORT)
-        env["EPD_PROXY_EC_TP_SIZE"] = str(consumers[0].tensor_parallel_size)
+        env["EPD_PROXY_EC_TP_SIZE"] = ",".join(str(u.tensor_parallel_size) for u in consumers)
     if transfer.uses_p2p_kv(ctx):
         # MooncakeConnector: the decode pulls from the prefill pod found through its bootstrap server.
         env["EPD_PROXY_KV_PROTOCOL"] = "mooncake"

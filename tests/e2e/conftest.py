@@ -121,10 +121,14 @@ class MemorySampler:
     the peak is what the tier needs of a CI machine (the whole machine's, so another job's use counts too;
     `at_start` shows how much was in use before the tier began)."""
 
-    def __init__(self, interval_s: float = 1.0) -> None:
+    def __init__(self, label: Callable[[], str], interval_s: float = 1.0) -> None:
+        self.label = label
+        """What runs now (the test module), so each part's peak can be told apart."""
         self.interval_s = interval_s
         self.at_start = self.peak = used_bytes()
         self.peak_after_s = 0.0
+        self.peaks: dict[str, int] = {}
+        """Per label, the highest sample taken while it ran."""
         self._started = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="e2e-memory-sampler", daemon=True)
@@ -138,7 +142,8 @@ class MemorySampler:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            used = used_bytes()
+            used, label = used_bytes(), self.label()
+            self.peaks[label] = max(used, self.peaks.get(label, 0))
             if used > self.peak:
                 self.peak, self.peak_after_s = used, time.monotonic() - self._started
 
@@ -159,6 +164,8 @@ class Stage:
 
     wall_s: float | None = None
     sampler: MemorySampler | None = None
+    module: str = ""
+    """The test module running now."""
 
 
 STAGE = Stage()
@@ -179,13 +186,21 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             f"{'peak used memory (MemTotal - MemAvailable)':<56} {sampler.peak / GIB:8.1f} GiB "
             f"({sampler.peak_after_s:.0f} s into the stage; {sampler.at_start / GIB:.1f} GiB in use at its start)"
         )
+        for label, peak in sampler.peaks.items():
+            terminalreporter.write_line(f"{'  peak while ' + label:<56} {peak / GIB:8.1f} GiB")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Name the module now running for the memory sampler, before its fixtures start any instance."""
+    STAGE.module = item.nodeid.split("::")[0]
 
 
 @pytest.fixture(scope="session", autouse=True)
 def e2e_stage() -> Iterator[None]:
     """Times the tier and samples memory while it runs. Set up before (and so torn down after) every other
     session fixture of the tier, so the wall time includes starting and stopping every instance."""
-    sampler = MemorySampler()
+    sampler = MemorySampler(lambda: STAGE.module)
     sampler.start()
     STAGE.sampler = sampler
     started = time.monotonic()

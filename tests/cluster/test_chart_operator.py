@@ -214,14 +214,15 @@ GRANTED: tuple[Access, ...] = (
         for r in ("deployments", "statefulsets", "daemonsets")
         for v in ("list", "watch", "create", "patch", "delete")
     ),
-    *((v, "", r, "") for r in ("configmaps", "services") for v in ("list", "create", "patch", "delete")),
-    *((v, "networking.k8s.io", "networkpolicies", "") for v in ("list", "create", "patch", "delete")),
-    *((v, "policy", "poddisruptionbudgets", "") for v in ("list", "create", "patch", "delete")),
-    *((v, "", "serviceaccounts", "") for v in ("list", "create", "patch", "delete")),
+    # every other child kind too: watched, so that one deleted or changed by hand is repaired
+    *((v, "", r, "") for r in ("configmaps", "services") for v in ("list", "watch", "create", "patch", "delete")),
+    *((v, "networking.k8s.io", "networkpolicies", "") for v in ("list", "watch", "create", "patch", "delete")),
+    *((v, "policy", "poddisruptionbudgets", "") for v in ("list", "watch", "create", "patch", "delete")),
+    *((v, "", "serviceaccounts", "") for v in ("list", "watch", "create", "patch", "delete")),
     *(
         (v, "rbac.authorization.k8s.io", r, "")
         for r in ("roles", "rolebindings")
-        for v in ("list", "create", "patch", "delete")
+        for v in ("list", "watch", "create", "patch", "delete")
     ),
     *((v, "discovery.k8s.io", "endpointslices", "") for v in ("get", "list", "watch")),
     ("create", "", "events", ""),
@@ -237,7 +238,8 @@ DENIED: tuple[Access, ...] = (
     ("update", c.GROUP, c.PLURAL, ""),
     ("update", "apps", "deployments", ""),
     ("get", "apps", "deployments", ""),
-    ("watch", "", "configmaps", ""),
+    ("get", "", "configmaps", ""),
+    ("watch", "", "secrets", ""),
     ("update", "", "configmaps", ""),
     ("update", "", "serviceaccounts", ""),
     ("create", "", "serviceaccounts", "token"),

@@ -4,10 +4,17 @@ The operator remembers, per EPDDeployment, the last valid render (its workloads,
 objects), why the current spec is invalid if it is, and the status it last wrote; and, per workload, the
 last state the watch reported. With that, a workload event recomputes its owner's status without a single
 read, and the status is written only when it differs from the last one (bursts of events share one write).
+
+Every child kind is watched. A child event compares the object with what this process last applied
+(`apply.Applied`: same render, and the fields we own still ours); only a deleted child or one someone changed
+in a field we own is applied again, so the events of our own applies, status updates and other managers'
+fields cost no request. Repairs of one child are paced (`pacing`), so a writer that keeps undoing ours does not
+turn into a tight loop of writes.
+
 A restarted operator rebuilds all of it: the resume handler re-applies every EPDDeployment (no-ops for the
 server) and takes the workloads from the answers, and the watches' initial listings fill in the rest. What is
 lost with the process is the last valid render of a spec that is invalid now; status then reports its roles
-as Unknown until the spec is fixed.
+as Unknown until the spec is fixed (and its children are not repaired meanwhile).
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from typing import Any
 
 import kopf
 
-from epd_operator import _kube, apply, status
+from epd_operator import _kube, apply, managed_fields, pacing, status
 from epd_operator.api import constants as c
 from epd_operator.api.resource import InvalidSpecError, OperatorDefaults, Owner, parse_spec
 from epd_operator.api.status import EPDDeploymentStatus
@@ -42,6 +49,9 @@ STATUS_DELAY_S = 0.2
 report in bursts (created, scheduled, ready), and each write costs the API server more than the wait costs."""
 RETRY_STATUS_S = 2.0
 """When a status write failed (API server busy), the next attempt."""
+
+RETRY_REPAIR_S = 5.0
+"""When a repair failed with an error worth retrying (API server busy), the next attempt."""
 
 ANNOUNCED = frozenset({c.COND_VALID, c.COND_READY})
 """Conditions announced by an Event when they turn True; any condition is announced when it turns False."""
@@ -71,6 +81,17 @@ def _owner(body: Mapping[str, Any]) -> Owner:
 
 def _key(tracked: Tracked) -> Key:
     return tracked.owner.namespace, tracked.owner.name
+
+
+ChildKey = tuple[str, str, str]
+"""(kind, namespace, name) of a child, as `apply.key_of` makes it."""
+
+
+def _wanted(tracked: Tracked, key: ChildKey) -> dict[str, Any] | None:
+    """The child `key` as the last valid render has it; None when that render has no such child."""
+    if tracked.desired is None:
+        return None
+    return next((o for o in tracked.desired.objects if apply.key_of(o) == key), None)
 
 
 def _trim(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -108,9 +129,12 @@ class Runtime:
         self._tasks: set[asyncio.Task[None]] = set()
         self.post_event: PostEvent = post_with_kopf
         self.deployments: dict[Key, Tracked] = {}
-        self.workloads: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.workloads: dict[ChildKey, dict[str, Any]] = {}
         """(kind, namespace, name) -> the workload as last seen."""
         self.applied = apply.Applied()
+        self.pacer = pacing.Pacer()
+        self._repairs: dict[ChildKey, asyncio.Task[None]] = {}
+        """Repairs waiting for their turn (`pacer`), one per child at most."""
 
     def _event(self, tracked: Tracked, level: str, reason: str, message: str) -> None:
         self.post_event(level, tracked.ref, reason, message[:1000])
@@ -131,7 +155,7 @@ class Runtime:
             self.deployments[key] = tracked
         return tracked
 
-    def _remember(self, key: tuple[str, str, str], body: Mapping[str, Any], *, watched: bool) -> None:
+    def _remember(self, key: ChildKey, body: Mapping[str, Any], *, watched: bool) -> None:
         """Keep the newest state of a workload, whichever path it came by.
 
         The watch and our own apply answers race: an answer may be processed after the watch already delivered
@@ -151,7 +175,9 @@ class Runtime:
         """The EPDDeployment is gone (its children follow through garbage collection)."""
         tracked = self.deployments.pop((namespace, name), None)
         if tracked is not None and tracked.desired is not None:
-            self.applied.forget(namespace, [apply.key_of(o) for o in tracked.desired.objects])
+            keys = [apply.key_of(o) for o in tracked.desired.objects]
+            self.applied.forget(namespace, keys)
+            self.pacer.forget(keys)
         self.metrics.forget((namespace, name))
 
     # -- reconcile
@@ -257,36 +283,91 @@ class Runtime:
                     self._event(tracked, "warn", reason=flipped.reason, message=event)
         tracked.status = new
 
-    async def workload_event(self, event_type: str | None, kind: str, body: Mapping[str, Any]) -> None:
-        """A watched workload changed: remember it, and refresh its owner's status (or recreate it if deleted)."""
-        meta = body.get("metadata", {})
-        namespace, name = meta.get("namespace", ""), meta.get("name", "")
-        key = (kind, namespace, name)
-        if event_type != "DELETED":
-            self._remember(key, body, watched=True)
-        elif self.workloads.get(key, {}).get("metadata", {}).get("uid") == meta.get("uid"):
-            del self.workloads[key]
-        owner_name = (meta.get("labels") or {}).get(c.LABEL_DEPLOYMENT)
-        tracked = self.deployments.get((namespace, owner_name or ""))
-        if tracked is None or tracked.desired is None:
-            return  # not seen yet: its resume or create handler publishes once it ran
-        if not any(w.kind == kind and w.name == name for w in tracked.desired.workloads):
-            return  # a pruned or foreign workload
-        if event_type != "DELETED":
+    async def child_event(self, event_type: str | None, kind: str, obj: dict[str, Any]) -> None:
+        """A watched child changed or went: a workload's state feeds its owner's status, and a child that was
+        deleted, or changed in a field we own, is applied again from the last valid render."""
+        meta = obj.get("metadata", {})
+        key = (kind, meta.get("namespace", ""), meta.get("name", ""))
+        deleted = event_type == "DELETED"
+        if kind in apply.WORKLOAD_KINDS:
+            if not deleted:
+                self._remember(key, obj, watched=True)
+            elif self.workloads.get(key, {}).get("metadata", {}).get("uid") == meta.get("uid"):
+                del self.workloads[key]
+        tracked = self._owner_of(meta)
+        wanted = _wanted(tracked, key) if tracked is not None else None
+        if tracked is None or wanted is None:
+            return  # owner not reconciled yet (its handler applies everything), or a pruned or foreign child
+        if kind in apply.WORKLOAD_KINDS:
             self._refresh_later(tracked)
-            return
+        if not deleted and (
+            meta.get("deletionTimestamp") or self.applied.unchanged(wanted, apply.fingerprint(wanted), obj)
+        ):
+            return  # going (its DELETED event follows), or as we left it: our own apply, a status update...
+        if key not in self._repairs:  # else one waits for its turn, and applies the render as it is then
+            await self._repair(tracked, key, None if deleted else obj)
+
+    def _owner_of(self, meta: Mapping[str, Any]) -> Tracked | None:
+        """The tracked EPDDeployment a child belongs to: its controller, or (reference removed by hand) its label."""
+        namespace = meta.get("namespace", "")
+        for ref in meta.get("ownerReferences") or []:
+            if ref.get("controller") and ref.get("kind") == c.KIND:
+                tracked = self.deployments.get((namespace, ref.get("name", "")))
+                return tracked if tracked is not None and tracked.owner.uid == ref.get("uid") else None
+        return self.deployments.get((namespace, (meta.get("labels") or {}).get(c.LABEL_DEPLOYMENT, "")))
+
+    async def _repair(self, tracked: Tracked, key: ChildKey, live: dict[str, Any] | None, paced: bool = False) -> None:
+        """Apply one child of the last valid render again: it was deleted (`live` None) or changed by hand.
+        Unless `paced` (its turn came), the pacer may put it off."""
         async with tracked.lock:
-            if self.deployments.get(_key(tracked)) is not tracked:
+            wanted = _wanted(tracked, key)  # again: a reconcile may have changed or pruned it meanwhile
+            if self.deployments.get(_key(tracked)) is not tracked or wanted is None:
+                return
+            digest = apply.fingerprint(wanted)
+            if live is not None and self.applied.unchanged(wanted, digest, live):
+                return  # the event was the echo of a reconcile's apply, which held the lock
+            if not paced and (delay := self.pacer.wait(key, time.monotonic())) > 0:
+                self._repair_later(tracked, key, live, delay)
                 return
             owner = tracked.owner
-            if not await status.exists(self.client, owner.namespace, owner.name, owner.uid):
+            if live is None and not await status.exists(self.client, owner.namespace, owner.name, owner.uid):
                 self.forget(owner.namespace, owner.name)  # the owner is going: GC deletes its children
                 return
+            prior = self.applied.entries.get(key)
             try:
-                await self._restore(tracked)
-            except _kube.KubeError as exc:  # the next event or reconcile tries again
-                self._event(tracked, "warn", reason="RestoreFailed", message=str(exc))
-        self._refresh_later(tracked)
+                answers = await apply.apply(self.client, wanted, live)
+            except _kube.KubeError as exc:
+                self._event(tracked, "warn", reason="RepairFailed", message=f"{key[0]} {key[2]}: {exc}")
+                if exc.retryable:
+                    self._repair_later(tracked, key, live, RETRY_REPAIR_S)
+                return
+            after = answers[-1]
+            # An event that was already stale (a controller's write between an edit and its repair) makes for
+            # a second apply the server finds a no-op; it must not be reported as a second repair.
+            written = prior is None or managed_fields.stamp(after) != prior.stamp
+            self.applied.record(wanted, digest, answers)
+            if key[0] in apply.WORKLOAD_KINDS:
+                self._remember(key, after, watched=False)
+        cause = "deleted" if live is None else "changed in a field the operator owns"
+        outcome = "written" if written else "no-op"
+        log.info("%s/%s: %s %s was %s; applied again (%s)", *_key(tracked), *key[::2], cause, outcome)
+        if written:
+            reason = "Restored" if live is None else "Reverted"
+            self._event(tracked, "warn", reason=reason, message=f"{key[0]} {key[2]} was {cause}; applied it again")
+
+    def _repair_later(self, tracked: Tracked, key: ChildKey, live: dict[str, Any] | None, delay: float) -> None:
+        """Repair `key` after `delay`, once however many events arrive meanwhile."""
+        if key in self._repairs:
+            return
+
+        async def later() -> None:
+            await asyncio.sleep(delay)
+            self._repairs.pop(key, None)  # events from here on may ask for another repair
+            await self._repair(tracked, key, live, paced=True)
+
+        self._repairs[key] = task = asyncio.create_task(later())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _refresh_later(self, tracked: Tracked, delay: float = STATUS_DELAY_S) -> None:
         """Publish the status after `delay`, once for every event that arrives meanwhile."""
@@ -306,13 +387,3 @@ class Runtime:
             except _kube.KubeError as exc:
                 log.warning("%s/%s: status not written, retrying: %s", *_key(tracked), exc)
                 self._refresh_later(tracked, RETRY_STATUS_S)
-
-    async def _restore(self, tracked: Tracked) -> None:
-        """Someone deleted a workload of a live EPDDeployment: apply the last valid render again."""
-        if tracked.desired is None:
-            return
-        result = await apply.sync(self.client, tracked.owner, tracked.desired.objects, self.applied)
-        if result.written:
-            self._event(
-                tracked, "warn", reason="Restored", message=f"recreated {len(result.written)} deleted object(s)"
-            )

@@ -4,8 +4,15 @@ Every write goes through server-side apply under the one field manager (`constan
 so the operator owns exactly the fields it renders and a re-apply of identical content is a no-op on the
 server (measured on the local control plane: the resourceVersion stays the same). To spare the API server
 those no-op requests too, `Applied` remembers what this process last applied: an object whose rendered
-content and live generation are unchanged since then is not sent again. A fresh process remembers nothing,
-so its first reconcile re-applies everything once, which also repairs drift made while it was down.
+content is unchanged and whose fields we own are still ours (`managed_fields.held`) is not sent again. A
+fresh process remembers nothing, so its first reconcile re-applies everything once, which also repairs drift
+made while it was down; while it runs, the child watches (handlers) ask `Applied` whether an event shows
+drift.
+
+Server-side apply cannot undo one kind of hand edit: a new key in a keyed list (a Service port renumbered, a
+container renamed) leaves our entry and theirs side by side, and the server refuses the result when the two
+clash (two ports named "http"). `apply` then removes the other manager's entries from the lists we render
+(`managed_fields.foreign_entries`) and applies again.
 
 Pruning lists the children by label (`epd.serving.io/deployment=<name>` and managed-by) across the managed
 kinds and deletes those not desired, but only ones whose controller owner reference is this very
@@ -22,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from epd_operator import _kube
+from epd_operator import _kube, managed_fields
 from epd_operator.api import constants as c
 from epd_operator.api.resource import Owner
 
@@ -86,27 +93,45 @@ def fingerprint(obj: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def _live_version(live: dict[str, Any]) -> str:
-    # generation moves only when someone changes the spec (not on status updates); kinds without one
-    # (ConfigMap, Service, ...) change their resourceVersion only when written.
-    meta = live.get("metadata", {})
-    generation = meta.get("generation")
-    return f"g{generation}" if generation is not None else f"rv{meta.get('resourceVersion')}"
+@dataclass(frozen=True)
+class Record:
+    """One child as this process last applied it."""
+
+    digest: str
+    """`fingerprint` of the rendered object sent."""
+    held: str
+    """`managed_fields.held` of the server's answer."""
+    versions: frozenset[str]
+    """resourceVersions our writes left behind: the answer's, and any a repair wrote on the way to it."""
+    stamp: str
+    """`managed_fields.stamp` of the answer."""
+
+
+def _version(obj: dict[str, Any]) -> str:
+    return str(obj.get("metadata", {}).get("resourceVersion"))
 
 
 @dataclass
 class Applied:
-    """What this process last applied, by (kind, namespace, name): (fingerprint, live version after the apply)."""
+    """What this process last applied, by (kind, namespace, name)."""
 
-    entries: dict[tuple[str, str, str], tuple[str, str]] = field(default_factory=dict)
+    entries: dict[tuple[str, str, str], Record] = field(default_factory=dict)
 
     def unchanged(self, desired: dict[str, Any], digest: str, live: dict[str, Any] | None) -> bool:
+        """Whether `live` is still as we left it after applying this very render (or shows a state our own
+        writes passed through on the way there: the late event of a repair's first step)."""
         if live is None or live.get("metadata", {}).get("deletionTimestamp"):
             return False
-        return self.entries.get(key_of(desired)) == (digest, _live_version(live))
+        entry = self.entries.get(key_of(desired))
+        if entry is None or entry.digest != digest:
+            return False
+        return entry.held == managed_fields.held(live) or _version(live) in entry.versions
 
-    def record(self, desired: dict[str, Any], digest: str, live: dict[str, Any]) -> None:
-        self.entries[key_of(desired)] = (digest, _live_version(live))
+    def record(self, desired: dict[str, Any], digest: str, answers: Sequence[dict[str, Any]]) -> None:
+        """Remember the answers of one `apply` (the live object last)."""
+        live = answers[-1]
+        versions = frozenset(_version(a) for a in answers)
+        self.entries[key_of(desired)] = Record(digest, managed_fields.held(live), versions, managed_fields.stamp(live))
 
     def forget(self, namespace: str, keys: Iterable[tuple[str, str, str]] | None = None) -> None:
         """Drop entries (all of a namespace when keys is None), e.g. when their EPDDeployment is gone."""
@@ -135,8 +160,41 @@ class SyncResult:
         return bool(self.written or self.deleted)
 
 
-async def apply(client: _kube.Requester, obj: dict[str, Any]) -> dict[str, Any]:
-    """Server-side apply of one object of any managed kind (forced, our field manager); the live object."""
+async def apply(
+    client: _kube.Requester, obj: dict[str, Any], live: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """Server-side apply of one object of any managed kind (forced, our field manager): the object as each
+    write left it, the live one last.
+
+    Given `live` (the object as last listed or watched), an apply the server refuses because another manager
+    added entries to one of our keyed lists is sent again once those entries are gone (see the module doc):
+    two writes, two answers.
+    """
+    try:
+        return [await _apply(client, obj)]
+    except _kube.InvalidError:
+        doomed = managed_fields.foreign_entries(live, obj) if live is not None else []
+        if live is None or not doomed:
+            raise
+        removed = await _remove(client, live, doomed)
+    return [removed, await _apply(client, obj)]
+
+
+async def _remove(client: _kube.Requester, live: dict[str, Any], pointers: Sequence[str]) -> dict[str, Any]:
+    """One JSON patch removing `pointers` from `live`, refused if the object changed since (indices move)."""
+    meta = live["metadata"]
+    ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]}]
+    ops += [{"op": "remove", "path": pointer} for pointer in pointers]
+    return await client.request(
+        "PATCH",
+        f"{kind_of(live).collection(meta['namespace'])}/{meta['name']}",
+        query={"fieldManager": c.FIELD_MANAGER},
+        body=ops,
+        content_type=_kube.JSON_PATCH,
+    )
+
+
+async def _apply(client: _kube.Requester, obj: dict[str, Any]) -> dict[str, Any]:
     kind = kind_of(obj)
     meta = obj["metadata"]
     try:
@@ -230,9 +288,10 @@ async def sync(client: _kube.Requester, owner: Owner, objects: Sequence[dict[str
         if before is not None and memory.unchanged(obj, digest, before):
             live[key] = before
             return
-        after = await apply(client, obj)
+        answers = await apply(client, obj, before)
+        after = answers[-1]
         sent += 1
-        memory.record(obj, digest, after)
+        memory.record(obj, digest, answers)
         live[key] = after
         if before is None or before["metadata"].get("resourceVersion") != after["metadata"].get("resourceVersion"):
             written.append(key)

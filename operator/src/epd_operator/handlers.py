@@ -3,8 +3,9 @@
 They live in their own registry (`registry`), which `main` hands to kopf, so importing this module never
 touches kopf's global one. No handler needs a finalizer: there is no deletion handler (owner references let
 the garbage collector delete the children) and no timer or daemon (status follows the workloads through
-their watch events instead). The workload watches are filtered on the server by label (`configure`), so the
-operator never receives a Deployment it does not manage.
+their watch events instead). Every kind the operator creates (`apply.MANAGED_KINDS`) is watched, so a child
+deleted or changed by hand is repaired at once; those watches are filtered on the server by label
+(`configure`), so the operator never receives a ConfigMap or Deployment it does not manage.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import kopf
 
-from epd_operator import _kube
+from epd_operator import _kube, apply
 from epd_operator._runtime import Runtime
 from epd_operator.api import constants as c
 from epd_operator.api.resource import OperatorDefaults
@@ -22,11 +23,8 @@ from epd_operator.metrics import Metrics
 
 registry = kopf.OperatorRegistry()
 
-WORKLOADS = ("deployments", "statefulsets", "daemonsets")
-"""apps/v1 kinds whose status the EPDDeployment status summarises."""
-
 CHILD_SELECTOR = f"{c.LABEL_MANAGED_BY}={c.MANAGED_BY},{c.LABEL_DEPLOYMENT}"
-"""Server-side label selector of the workload watches: ours, and belonging to some EPDDeployment."""
+"""Server-side label selector of the child watches: ours, and belonging to some EPDDeployment."""
 
 _CHILD_LABELS: Mapping[str, Any] = {
     c.LABEL_MANAGED_BY: c.MANAGED_BY,
@@ -35,14 +33,14 @@ _CHILD_LABELS: Mapping[str, Any] = {
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
-    """Our kopf settings: state in annotations under our group, workload watches filtered by label."""
+    """Our kopf settings: state in annotations under our group, child watches filtered by label."""
     # The CRD's status schema has no room for kopf's own fields, so kopf keeps its state in annotations.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=c.GROUP, key="last-handled-configuration"
     )
-    for plural in WORKLOADS:
-        settings.watching.label_selectors["apps", plural] = CHILD_SELECTOR
+    for kind in apply.MANAGED_KINDS:
+        settings.watching.label_selectors[kind.api_version, kind.plural] = CHILD_SELECTOR
     settings.posting.reporting_component = c.MANAGED_BY
 
 
@@ -99,10 +97,11 @@ async def deployment_event(event: Any, memo: Any, **_: Any) -> None:
         runtime.forget(meta["namespace"], meta["name"])
 
 
-@kopf.on.event("apps", "v1", "deployments", labels=_CHILD_LABELS, registry=registry)
-@kopf.on.event("apps", "v1", "statefulsets", labels=_CHILD_LABELS, registry=registry)
-@kopf.on.event("apps", "v1", "daemonsets", labels=_CHILD_LABELS, registry=registry)
-async def workload_event(event: Any, resource: Any, body: Any, memo: Any, **_: Any) -> None:
-    """A workload's replica counts moved: the owner's status follows."""
+async def child_event(event: Any, resource: Any, memo: Any, **_: Any) -> None:
+    """A child changed or went: a workload's status follows, and drift from the render is repaired."""
     runtime: Runtime = memo.runtime
-    await runtime.workload_event(event["type"], resource.kind, body)
+    await runtime.child_event(event["type"], resource.kind, event["object"])
+
+
+for _kind in apply.MANAGED_KINDS:  # registered like the decorators would, once per kind
+    kopf.on.event(_kind.api_version, _kind.plural, labels=_CHILD_LABELS, registry=registry)(child_event)

@@ -156,7 +156,8 @@ def test_drift_on_the_server_is_repaired() -> None:
     api, memory = FakeApi(), apply.Applied()
     sync(api, desired(), memory)
     path = "/apis/apps/v1/namespaces/ns/deployments/demo-encoder"
-    api.objects[path]["metadata"]["generation"] += 1  # someone scaled it by hand
+    api.objects[path]["metadata"]["generation"] += 1  # someone scaled it by hand (a write: a new version)
+    api.objects[path]["metadata"]["resourceVersion"] = "999"
     api.requests.clear()
     sync(api, desired(), memory)
     assert api.writes() == [("PATCH", path)]

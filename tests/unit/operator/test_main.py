@@ -7,7 +7,7 @@ import kopf
 import pytest
 from prometheus_client import CollectorRegistry
 
-from epd_operator import handlers, main, settings
+from epd_operator import apply, handlers, main, settings
 from epd_operator.api.resource import OperatorDefaults
 from epd_operator.metrics import Metrics
 
@@ -73,7 +73,7 @@ def test_kopf_settings() -> None:
     peered = main.kopf_settings(parse("-A", "--peering", "epd-peers"))
     assert not peered.peering.standalone and peered.peering.clusterwide and peered.peering.name == "epd-peers"
     selectors = list(standalone.watching.label_selectors.values())
-    assert selectors == [handlers.CHILD_SELECTOR] * 3
+    assert selectors == [handlers.CHILD_SELECTOR] * len(apply.MANAGED_KINDS), "every child kind, filtered on the server"
     assert "app.kubernetes.io/managed-by=epd-operator" in handlers.CHILD_SELECTOR
 
 

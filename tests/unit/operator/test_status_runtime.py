@@ -111,7 +111,7 @@ def test_workload_events_drive_status_to_ready_in_one_coalesced_write() -> None:
     async def scenario() -> None:
         await rt.reconcile(body())
         for name in ("demo-encoder", "demo-pd", "demo-proxy"):
-            await rt.workload_event("MODIFIED", "Deployment", workload(api, name, ready=1))
+            await rt.child_event("MODIFIED", "Deployment", workload(api, name, ready=1))
         assert len(api.status_writes) == 1  # the burst waits for the coalescing window
         await asyncio.sleep(_runtime.STATUS_DELAY_S + 0.2)
         assert len(api.status_writes) == 2
@@ -167,7 +167,7 @@ def test_deleted_workload_of_a_gone_owner_is_not_recreated() -> None:
         gone = workload(api, "demo-encoder")
         api.epd_exists = False
         api.requests.clear()
-        await rt.workload_event("DELETED", "Deployment", gone)
+        await rt.child_event("DELETED", "Deployment", gone)
 
     asyncio.run(scenario())
     assert api.writes() == []
@@ -183,7 +183,7 @@ def test_deleted_workload_of_a_live_owner_is_recreated() -> None:
         path = "/apis/apps/v1/namespaces/ns/deployments/demo-encoder"
         gone = workload(api, "demo-encoder")
         del api.objects[path]
-        await rt.workload_event("DELETED", "Deployment", gone)
+        await rt.child_event("DELETED", "Deployment", gone)
         assert path in api.objects
 
     asyncio.run(scenario())
@@ -209,7 +209,7 @@ def test_a_failed_apply_keeps_reporting_the_previous_generation() -> None:
         api.fail_applies = True
         with pytest.raises(kopf.TemporaryError):
             await rt.reconcile(body({**SPEC, "decode": {"replicas": 2}}, generation=2))
-        await rt.workload_event("MODIFIED", "Deployment", workload(api, "demo-pd", ready=1))
+        await rt.child_event("MODIFIED", "Deployment", workload(api, "demo-pd", ready=1))
         await asyncio.sleep(_runtime.STATUS_DELAY_S + 0.2)
 
     asyncio.run(scenario())

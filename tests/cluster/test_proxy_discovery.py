@@ -18,7 +18,6 @@ it; the tests read only its /health and /metrics on loopback, and the proxy's ba
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import ipaddress
 import os
@@ -403,41 +402,43 @@ def test_the_roster_follows_the_ready_pods_without_a_restart(
 
 
 def test_without_its_rolebinding_the_proxy_is_refused_and_recovers(
-    admin: Kube, slices_cluster: cluster.Cluster, served: Served, tmp_path: pathlib.Path
+    admin: Kube, slices_cluster: cluster.Cluster, served: Served, operator: Operator, tmp_path: pathlib.Path
 ) -> None:
     """The control for the test above: the Role is what lets the proxy watch. A refused proxy stays up and
-    says why; once the binding is back it fills its roster without a restart."""
+    says why; once the binding is back it fills its roster without a restart. A running operator restores a
+    deleted binding at once (test_operator_children), so it is stopped meanwhile, and its restart restores it."""
     ns, name = served.ns, served.main
     path = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings/{name}-{c.ROLE_PROXY}"
-    binding = admin.get(path)
-    admin.request("DELETE", path)
-    with proxy_of(admin, slices_cluster.kubeconfig, ns, name, tmp_path) as proxy:
-        who = f"system:serviceaccount:{ns}:{name}-{c.ROLE_PROXY}"
-        eventually(
-            "the proxy logging that the API server refused its account the EndpointSlices",
-            lambda: any(
-                "forbidden" in line and who in line and 'cannot list resource \\"endpointslices\\"' in line
-                for line in proxy.tail(400).splitlines()
-            ),
-            detail=proxy.tail,
-        )
-        assert proxy.alive()
-        status, _ = proxy.get("/health")
-        assert status == 503, "no instance known: not ready"
-        assert proxy.roster() == {role: (0, 0) for role in ROLES}
+    operator.stop()
+    try:
+        admin.request("DELETE", path)
+        with proxy_of(admin, slices_cluster.kubeconfig, ns, name, tmp_path) as proxy:
+            who = f"system:serviceaccount:{ns}:{name}-{c.ROLE_PROXY}"
+            eventually(
+                "the proxy logging that the API server refused its account the EndpointSlices",
+                lambda: any(
+                    "forbidden" in line and who in line and 'cannot list resource \\"endpointslices\\"' in line
+                    for line in proxy.tail(400).splitlines()
+                ),
+                detail=proxy.tail,
+            )
+            assert proxy.alive()
+            status, _ = proxy.get("/health")
+            assert status == 503, "no instance known: not ready"
+            assert proxy.roster() == {role: (0, 0) for role in ROLES}
 
-        restored = copy.deepcopy(binding)
-        restored["metadata"] = {
-            k: v for k, v in binding["metadata"].items() if k in ("name", "namespace", "labels", "ownerReferences")
-        }
-        admin.request("POST", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings", restored)
-        want = counts(ready_pods(admin, ns, name))
-        eventually(
-            "the roster filled once the binding is back",
-            lambda: roster_is(proxy, want),
-            detail=lambda: f"{proxy.roster()} != {want}\n{proxy.tail()}",
-        )
-        assert proxy.process.poll() is None
+            operator.start()  # its resume re-applies every child, the binding among them
+            eventually("the binding back", lambda: admin.find(path) is not None)
+            want = counts(ready_pods(admin, ns, name))
+            eventually(
+                "the roster filled once the binding is back",
+                lambda: roster_is(proxy, want),
+                detail=lambda: f"{proxy.roster()} != {want}\n{proxy.tail()}",
+            )
+            assert proxy.process.poll() is None
+    finally:
+        if operator.process is not None and operator.process.poll() is not None:  # failed before the restart
+            operator.start()
 
 
 def test_every_prefill_pool_is_in_the_roster(

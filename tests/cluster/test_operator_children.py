@@ -92,6 +92,10 @@ def test_every_deleted_child_kind_comes_back_as_rendered(operator: Operator, kub
     print("restored in: " + ", ".join(f"{k} {s * 1000:.0f} ms" for k, s in latencies.items()))
     time.sleep(1.0)  # let the echo of each restore reach the operator
     assert repairs(operator, log_at) == ["written"] * len(victims), "one repair per deletion, none after"
+    counted = operator.metrics()
+    for kind in latencies:
+        sample = f'epd_operator_repairs_total{{cause="deleted",kind="{kind}"}}'
+        assert counted.get(sample, 0) >= 1, f"{sample} not counted"
     assert applies(kube) - applies_before == len(victims), "one apply per deletion: the echoes cost nothing"
 
 

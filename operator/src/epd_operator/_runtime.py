@@ -352,6 +352,7 @@ class Runtime:
         outcome = "written" if written else "no-op"
         log.info("%s/%s: %s %s was %s; applied again (%s)", *_key(tracked), *key[::2], cause, outcome)
         if written:
+            self.metrics.repairs.labels(key[0], "deleted" if live is None else "changed").inc()
             reason = "Restored" if live is None else "Reverted"
             self._event(tracked, "warn", reason=reason, message=f"{key[0]} {key[2]} was {cause}; applied it again")
 

@@ -49,6 +49,13 @@ class Metrics:
             "Writes of an EPDDeployment status (only when it changed).",
             registry=self.registry,
         )
+        self.repairs = Counter(
+            "epd_operator_repairs",
+            "Children applied again after a hand change, by kind and cause (deleted, changed); a steady rise on one "
+            "child means another writer keeps undoing the operator's (repairs of one child are paced).",
+            ["kind", "cause"],
+            registry=self.registry,
+        )
         self.managed_objects = Gauge(
             "epd_operator_managed_objects",
             "Children the operator manages, by kind.",

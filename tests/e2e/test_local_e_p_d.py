@@ -30,16 +30,18 @@ import dataclasses
 import json
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from epd_connectors.config.bundle import Role
 from epd_connectors.config.kv_transfer import MooncakeStoreConnectorConfig, connectors_of
+from epd_connectors.vllm_plugins import mooncake_cpu_device
 from epd_operator.derive.site import LOOPBACK
 from epd_operator.local import processes, profile
 from epd_operator.local.plan import Instance, LocalPlan
@@ -228,14 +230,29 @@ def assert_the_decode_computed_no_prompt_token(delta: DecodeCounts, label: str) 
     assert delta.from_p2p == delta.transferred, f"{label}: the transfer did not come from the P2P peer: {delta}"
 
 
+def example_variant(workdir: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
+    """A copy of the example with `edit` applied to its parsed YAML (a variant of the same deployment)."""
+    doc: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))
+    edit(doc)
+    path = workdir / "manifest.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    return path
+
+
 @contextlib.contextmanager
 def running_example(
-    request: pytest.FixtureRequest, python: Path, model: Path, workdir: Path, label: str
+    request: pytest.FixtureRequest,
+    python: Path,
+    model: Path,
+    workdir: Path,
+    label: str,
+    *,
+    manifest: Path = EXAMPLE,
 ) -> Iterator[LocalEPD]:
-    """examples/local-e-p-d.yaml started by the local runner (CPU profile, free loopback ports), stopped after;
+    """The example (or a variant) started by the local runner (CPU profile, free loopback ports), stopped after;
     the tail of every log is printed when a test failed."""
     say = progress(request.config)
-    plan = processes.plan_on_free_ports(EXAMPLE, workdir, model, profile.CPU)
+    plan = processes.plan_on_free_ports(manifest, workdir, model, profile.CPU)
     roles = [i.role.value for i in plan.instances]
     assert roles == ["master", "store-client", "encoder", "prefill", "decode", "proxy"], roles
     started = time.monotonic()
@@ -268,11 +285,9 @@ CASES: dict[str, list[list[dict[str, Any]] | str]] = {
 """Each case's requests, sent in order (the last case sends an image a second time, with another question)."""
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-@pytest.mark.parametrize("case", list(CASES))
-def test_the_proxy_answers_as_the_baseline_and_the_decode_computes_no_prompt_token(
-    epd: LocalEPD, baseline: VllmInstance, case: str, stream: bool
-) -> None:
+def serve_case(epd: LocalEPD, baseline: VllmInstance, case: str, stream: bool, label: str) -> DecodeCounts:
+    """Send a case's requests through the proxy: each answer equals the baseline's, and every image went to the
+    encoder and on as a reference. Returns what the decode's counters moved by."""
     proxy_before = epd.metrics(Role.PROXY)
     before = DecodeCounts.read(epd)
     images = 0
@@ -281,15 +296,64 @@ def test_the_proxy_answers_as_the_baseline_and_the_decode_computes_no_prompt_tok
         assert len(expected[1]) == MAX_TOKENS
         begun = time.monotonic()
         got = ask(epd.plan.endpoint, chat(content, stream=stream))
-        TIMINGS.add(f"E+P+D request: {case}, {'streamed' if stream else 'whole'}", time.monotonic() - begun)
-        assert got == expected, f"{case}: the E+P+D deployment answered {got}, the baseline {expected}"
+        TIMINGS.add(f"{label} request: {case}, {'streamed' if stream else 'whole'}", time.monotonic() - begun)
+        assert got == expected, f"{case}: the {label} deployment answered {got}, the baseline {expected}"
         images += sum(1 for part in content if isinstance(part, dict) and part["type"] == "image_url")
-    assert_the_decode_computed_no_prompt_token(decode_counts_after(epd, before, len(CASES[case])), case)
     proxy = epd.metrics(Role.PROXY)
     rewritten = total(proxy, "epd_proxy_media_items_total", result="rewritten")
     kept = total(proxy, "epd_proxy_media_items_total", result="kept")
     assert rewritten - total(proxy_before, "epd_proxy_media_items_total", result="rewritten") == images
     assert kept == total(proxy_before, "epd_proxy_media_items_total", result="kept")
+    return decode_counts_after(epd, before, len(CASES[case]))
+
+
+def new_store_keys(epd: LocalEPD, before: set[str]) -> set[str]:
+    """The keys the store gained since `before` (the prefill writes asynchronously: waits up to SETTLE_S for
+    the first), after checking that every key it holds is under the deployment's KV prefix."""
+    deadline = time.monotonic() + SETTLE_S
+    while not (new := epd.store_keys() - before) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert new, f"nothing was written to the store (keys before: {sorted(before)})"
+    time.sleep(0.5)  # the rest of this prompt's blocks
+    keys = epd.store_keys()
+    assert all(epd.kv_prefix in key for key in keys), f"keys outside the prefix {epd.kv_prefix}: {sorted(keys)}"
+    return keys - before
+
+
+LONG_QUESTION = "Tell me everything you can see in this picture, in as much detail as you can manage. " * 2
+"""Long enough for several full 32-token blocks."""
+
+
+def test_without_the_cpu_device_plugin_a_mooncake_connector_prefill_dies_at_start(
+    e2e_python: Path, tiny_model: Path, tmp_path: Path
+) -> None:
+    """The defect mooncake_cpu_device works around, shown on the same prefill with the plugin switched off in its
+    env (EPD_MOONCAKE_CPU_DEVICE=0): MooncakeConnector's worker asks torch for the accelerator's device index
+    and the engine core dies at start. Only the store and that prefill run; the module's deployment is not up
+    yet (this test comes first)."""
+
+    def plugin_off(doc: dict[str, Any]) -> None:
+        doc["spec"]["prefill"]["env"] = {mooncake_cpu_device.TOGGLE_ENV: "0"}
+
+    plan = processes.plan_on_free_ports(example_variant(tmp_path, plugin_off), tmp_path, tiny_model, profile.CPU)
+    only = {"master", "store-client", "prefill"}
+    with (
+        pytest.raises(processes.StartError, match=r"prefill \(prefill\) exited"),
+        processes.deployment(plan, tmp_path, e2e_python, say=lambda line: None, only=only, deadline_s=600),
+    ):
+        pass
+    log = (tmp_path / f"{plan.deployment}-prefill" / "log.txt").read_text(errors="replace")
+    assert f"not applied: disabled by {mooncake_cpu_device.TOGGLE_ENV}=0" in log
+    assert "torch.accelerator.current_device_index()" in log and "Found no NVIDIA driver" in log
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_proxy_answers_as_the_baseline_and_the_decode_computes_no_prompt_token(
+    epd: LocalEPD, baseline: VllmInstance, case: str, stream: bool
+) -> None:
+    delta = serve_case(epd, baseline, case, stream, "E+P+D")
+    assert_the_decode_computed_no_prompt_token(delta, case)
 
 
 def test_a_fresh_prompt_lands_in_the_store_under_the_deployments_prefix(epd: LocalEPD) -> None:
@@ -297,14 +361,8 @@ def test_a_fresh_prompt_lands_in_the_store_under_the_deployments_prefix(epd: Loc
     after it answers); the master lists them, every key under the deployment's derived KV prefix."""
     keys_before = epd.store_keys()
     encoder_before = total(epd.metrics(Role.ENCODER), "vllm:request_success_total")
-    long_question = "Tell me everything you can see in this picture, in as much detail as you can manage. " * 2
-    ask(epd.plan.endpoint, chat([image(11), text(long_question)]))
-    deadline = time.monotonic() + SETTLE_S
-    while not (new := epd.store_keys() - keys_before) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert new, f"no key was written to the store after a fresh prompt (keys before: {sorted(keys_before)})"
-    prefix = epd.kv_prefix
-    assert all(prefix in key for key in epd.store_keys()), f"keys outside the prefix {prefix}: {sorted(new)}"
+    ask(epd.plan.endpoint, chat([image(11), text(LONG_QUESTION)]))
+    assert len(new_store_keys(epd, keys_before)) >= 2, "a prompt of several full blocks stored fewer than two"
     assert total(epd.metrics(Role.ENCODER), "vllm:request_success_total") - encoder_before == 1
 
 

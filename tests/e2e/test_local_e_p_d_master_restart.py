@@ -39,6 +39,7 @@ from tests.e2e.test_local_e_p_d import (
     chat,
     decode_counts_after,
     image,
+    new_store_keys,
     running_example,
     text,
     tokens,
@@ -66,12 +67,7 @@ def fresh_prompt_lands_in_the_store(epd: LocalEPD, baseline: VllmInstance, seed:
     and new keys under the KV prefix in the store (returned)."""
     keys_before = epd.store_keys()
     assert_served_like_the_baseline(epd, baseline, seed, label)
-    deadline = time.monotonic() + SETTLE_S
-    while not (new := epd.store_keys() - keys_before) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert new, f"{label}: nothing was written to the store"
-    assert all(epd.kv_prefix in key for key in new), f"{label}: keys outside {epd.kv_prefix}: {sorted(new)}"
-    return new
+    return new_store_keys(epd, keys_before)
 
 
 def assert_served_like_the_baseline(epd: LocalEPD, baseline: VllmInstance, seed: int, label: str) -> float:

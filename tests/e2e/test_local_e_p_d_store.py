@@ -1,0 +1,104 @@
+"""E + P + D with the other KV connector: examples/local-e-p-d.yaml with spec.prefill.kv.connector set to
+mooncake-store, so KV goes prefill -> decode only through the Mooncake store (MooncakeStoreConnector: the prefill
+kv_both writes its blocks, the decode kv_consumer reads them), with no P2P transfer and no bootstrap server. The
+proxy then sends the decode its request once the prefill has answered, with no kv_transfer_params.
+
+Through its proxy it answers as the session's baseline does, token for token, for the same cases as
+test_local_e_p_d (one image, two images, the same image twice, text only, an image again; streamed and not), and
+the decode's counters show where its prompt came from: every full 32-token block from the store
+(`external_kv_transfer`, none from a P2P peer) or, for a prompt it has already seen (the streamed run of a case
+repeats its whole run), from its own prefix cache; it computed at most the partial last block of each prompt. A
+fresh prompt's blocks are in the store under the deployment's KV prefix, and the decode loads them from there.
+
+The prefill writes the store asynchronously (a send thread, after the step that computed the blocks), so a decode
+that looked the blocks up before they landed would compute them itself (correct, but no transfer); the lookup comes
+tens of milliseconds after the prefill answered, and no miss was seen here. This module would report one.
+
+Instances: the session's baseline and this module's deployment, stopped when the module ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from epd_connectors.config.bundle import Role
+from epd_connectors.config.kv_transfer import MooncakeConnectorConfig, connectors_of
+from tests.e2e.conftest import VllmInstance
+from tests.e2e.test_local_e_p_d import (
+    CASES,
+    LONG_QUESTION,
+    DecodeCounts,
+    LocalEPD,
+    ask,
+    chat,
+    decode_counts_after,
+    example_variant,
+    image,
+    new_store_keys,
+    running_example,
+    serve_case,
+    text,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+
+BLOCK = 32
+"""spec.model.blockSize of the example: the store keeps whole blocks only."""
+
+
+def store_only(doc: dict[str, Any]) -> None:
+    doc["metadata"]["name"] = "local-e-p-d-store"
+    doc["spec"]["prefill"]["kv"]["connector"] = "mooncake-store"
+
+
+@pytest.fixture(scope="module")
+def epd(
+    request: pytest.FixtureRequest, e2e_python: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalEPD]:
+    workdir = tmp_path_factory.mktemp("e-p-d-store")
+    manifest = example_variant(workdir, store_only)
+    with running_example(request, e2e_python, tiny_model, workdir, "E+P+D store", manifest=manifest) as it:
+        kv = it.instance(Role.PREFILL).bundle.kv_transfer
+        assert kv is not None and not any(isinstance(c, MooncakeConnectorConfig) for c in connectors_of(kv))
+        yield it
+
+
+def assert_the_decode_computed_no_full_block(delta: DecodeCounts, requests: int, label: str) -> None:
+    """Every full block came from the store or, for a prompt this decode has seen, from its own prefix cache;
+    only the partial last block of each prompt was computed."""
+    assert delta.prompt > 0, f"{label}: the decode recorded no prompt tokens: {delta}"
+    assert delta.transferred + delta.cached_locally > 0, f"{label}: no block came from the store or a cache: {delta}"
+    assert delta.computed <= (BLOCK - 1) * requests, f"{label}: the decode computed full blocks itself: {delta}"
+    assert delta.computed + delta.transferred + delta.cached_locally == delta.prompt, f"{label}: {delta}"
+    assert delta.from_p2p == 0, f"{label}: a P2P transfer in a store-only deployment: {delta}"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_proxy_answers_as_the_baseline_and_the_decode_loads_full_blocks_from_the_store(
+    epd: LocalEPD, baseline: VllmInstance, case: str, stream: bool
+) -> None:
+    delta = serve_case(epd, baseline, case, stream, "E+P+D store")
+    assert_the_decode_computed_no_full_block(delta, len(CASES[case]), case)
+
+
+def test_a_fresh_prompt_reaches_the_decode_through_the_store(epd: LocalEPD) -> None:
+    """A prompt no instance has seen: the prefill stores its full blocks under the deployment's KV prefix, and
+    the decode, which cannot have them cached, loads them from the store and computes only the last one."""
+    keys_before = epd.store_keys()
+    before = DecodeCounts.read(epd)
+    ask(epd.plan.endpoint, chat([image(12), text(LONG_QUESTION)]))
+    delta = decode_counts_after(epd, before, 1)
+    assert len(new_store_keys(epd, keys_before)) >= 2, "a prompt of several full blocks stored fewer than two"
+    assert delta.cached_locally == 0, f"a fresh prompt was in the decode's cache: {delta}"
+    assert delta.transferred >= 2 * BLOCK and delta.transferred % BLOCK == 0, delta
+    assert delta.computed < BLOCK and delta.computed + delta.transferred == delta.prompt, delta
+
+
+def test_no_vllm_role_logged_a_traceback(epd: LocalEPD) -> None:
+    for role in (Role.ENCODER, Role.PREFILL, Role.DECODE):
+        assert "Traceback" not in epd.log(role), f"the {role.value} logged a traceback"

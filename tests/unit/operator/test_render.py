@@ -315,6 +315,55 @@ def test_every_kv_connector_renders_consistent_bundles(connector: str) -> None:
     assert shared_mounted == (connector == "shared-storage")
 
 
+def _load_failure_policies(desired: Desired) -> dict[str, set[str]]:
+    """Each KV-carrying bundle's kv_load_failure_policy values: the top-level config (the one vLLM's scheduler
+    reads) and every MultiConnector child (inert in vLLM, kept equal so the JSON reads as one policy)."""
+    found: dict[str, set[str]] = {}
+    for name, b in bundles(desired).items():
+        if b.kv_transfer is not None:
+            configs = [b.kv_transfer, *connectors_of(b.kv_transfer)]
+            found[name] = {k.kv_load_failure_policy for k in configs}
+    return found
+
+
+@pytest.mark.parametrize("connector", ["mooncake", "mooncake-store", "mooncake+store", "shared-storage"])
+@pytest.mark.parametrize("policy", [None, "recompute", "fail"])
+def test_the_kv_load_failure_policy_reaches_every_kv_config(connector: str, policy: str | None) -> None:
+    spec = example(OFFLOAD)
+    spec["prefill"]["kv"]["connector"] = connector
+    spec["sharedStorage"] = {"pvc": {"claimName": "shared"}}
+    if "store" not in connector:
+        spec["decode"]["kv"] = {}
+    if policy is not None:
+        spec["decode"]["kv"]["loadFailurePolicy"] = policy
+    desired = render(spec)
+    expected = policy or "recompute"
+    decode = bundles(desired)["demo-decode"].kv_transfer
+    assert decode is not None and decode.kv_role == "kv_consumer"
+    assert decode.kv_load_failure_policy == expected
+    assert _load_failure_policies(desired) == {
+        "demo-prefill": {expected},
+        "demo-prefill-tp2": {expected},
+        "demo-decode": {expected},
+    }
+    assert check_deployment(bundles(desired)) == []
+
+
+@pytest.mark.parametrize("policy", [None, "fail"])
+def test_a_pd_offloading_to_the_store_loads_with_the_policy(policy: str | None) -> None:
+    spec = example(CROSS)
+    if policy is not None:
+        spec["decode"]["kv"]["loadFailurePolicy"] = policy
+    assert _load_failure_policies(render(spec)) == {"demo-pd": {policy or "recompute"}}
+
+
+def test_the_default_policy_is_in_the_configmap_text_vllm_gets() -> None:
+    desired = render(example(OFFLOAD))
+    data = by_key(desired)[("ConfigMap", "demo-decode-bundle")]["data"][c.BUNDLE_FILE]
+    assert '"kv_load_failure_policy": "fail"' not in data
+    assert data.count('"kv_load_failure_policy": "recompute"') == 3  # the MultiConnector and its two children
+
+
 def test_embedded_store_has_no_clients_and_an_embedded_pool() -> None:
     spec = example(CROSS)
     spec["store"]["mode"] = "embedded"
@@ -364,6 +413,8 @@ def _set(spec: dict[str, Any], path: str, value: Any) -> None:
         (CROSS, "store.tenant.id", "team-a", {"demo-store-client", "demo-encoder", "demo-pd", "demo-master"}),
         (SHARED, "model.revision", "r2", set()),
         (OFFLOAD, "decode.kv.saveDecodeCache", False, {"demo-decode"}),
+        (OFFLOAD, "decode.kv.loadFailurePolicy", "fail", {"demo-prefill", "demo-prefill-tp2", "demo-decode"}),
+        (CROSS, "decode.kv.loadFailurePolicy", "fail", {"demo-pd"}),
         (OFFLOAD, "prefill.env", {"LOG_LEVEL": "debug"}, {"demo-prefill", "demo-prefill-tp2"}),
         (OFFLOAD, "encoder.extraArgs", ["--max-model-len", "4096"], {"demo-encoder"}),
     ],

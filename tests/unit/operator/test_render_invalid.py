@@ -164,6 +164,24 @@ def test_save_decode_cache_needs_a_store_kv_connector() -> None:
     assert problem.startswith("spec.decode.kv.saveDecodeCache")
 
 
+@pytest.mark.parametrize("value", ["retry", "Recompute", "", 1])
+def test_an_unknown_kv_load_failure_policy_is_refused_naming_the_field(value: object) -> None:
+    spec = example("e-p-d-store-offload")
+    spec["decode"]["kv"]["loadFailurePolicy"] = value
+    [problem] = problems_of(spec)
+    assert problem.startswith(f"spec.decode.kv.loadFailurePolicy = {value!r}: ")
+    assert "'recompute' or 'fail'" in problem
+
+
+def test_the_crd_refuses_an_unknown_kv_load_failure_policy() -> None:
+    """The API server's side of the same rule: an enum on the field, recompute by default."""
+    crd = yaml.safe_load((Path(__file__).resolve().parents[3] / "crds" / "epddeployments.yaml").read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    field = spec["properties"]["decode"]["properties"]["kv"]["properties"]["loadFailurePolicy"]
+    assert field["enum"] == ["recompute", "fail"] and field["default"] == "recompute"
+    assert "recompute" in field["description"] and "fail" in field["description"]
+
+
 def test_store_client_port_may_not_take_its_metrics_port() -> None:
     spec = example("e-p-d-store-offload")
     spec["store"]["clients"]["port"] = 9300

@@ -77,7 +77,8 @@ class _KVBase(TransferModel):
     """The connector's own settings (each model narrows the type)."""
 
     kv_load_failure_policy: Literal["fail", "recompute"] = "fail"
-    """What a failed KV load does to the request: "fail" (vLLM's default) or "recompute" the blocks."""
+    """What a failed KV load does to the request: "fail" (vLLM's default) or "recompute" the blocks. vLLM's
+    scheduler reads it from the top-level config only; a MultiConnector child's value is inert."""
 
 
 class MooncakeConnectorConfig(_KVBase):

@@ -346,6 +346,14 @@ class DecodeKVSpec(ApiModel):
     """MooncakeStoreConnector: also store the blocks decode produces."""
     store_offload: bool = False
     """Without a prefill pool: offload PD's KV cache to the store (MooncakeStoreConnector kv_both)."""
+    load_failure_policy: Literal["recompute", "fail"] = "recompute"
+    """What an instance does with a request whose KV load fails (vLLM's kv_load_failure_policy), e.g. a
+    transient Mooncake P2P transfer error or a block gone from the store. "recompute" (default): the request is
+    rescheduled and the failed blocks are computed locally; the output is the same, the request is slower, and
+    vLLM logs the failure ("Recovered from KV load failure"), so a transient failure costs latency, not the
+    request. "fail": the request ends with an error finish reason (vLLM's own default), for those who prefer
+    an error to a hidden recompute cost. Applies to every instance that loads KV: decode, and prefill or PD
+    instances that read prefix blocks from the store."""
 
 
 class DecodeSpec(_RoleCommon):

@@ -4,6 +4,12 @@ spec.prefill.kv.connector (or spec.decode.kv.storeOffload for combined PD).
 Producer and consumer configs come from the same few values (protocol, buffer device, shared path, cache prefix,
 store TP list), so a pair can only agree. Layouts follow facts.md: XpYd is a MultiConnector of MooncakeConnector
 (P2P first: a direct transfer beats the store) and MooncakeStoreConnector.
+
+Every KV config carries spec.decode.kv.loadFailurePolicy as kv_load_failure_policy. vLLM reads it only from
+the top-level config (the scheduler, vllm/v1/core/sched/scheduler.py), never from a MultiConnector child; the
+children carry the same value so the JSON cannot read as a different policy. Decode loads from the prefill or
+the store; a prefill or PD with MooncakeStoreConnector (kv_both) loads prefix hits from the store and reports
+failed loads the same way; pure producers never load, where the value is inert.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from epd_operator.render.context import EC_SUBDIR, KV_SUBDIR, Context, Unit
 
 ECConfig = ECMooncakeProducer | ECMooncakeConsumer | ECExampleConnectorConfig
 Protocol = Literal["rdma", "tcp"]
+FailurePolicy = Literal["recompute", "fail"]
 
 
 def _protocol(ctx: Context) -> Protocol:
@@ -83,6 +90,10 @@ def consumer_ec(ctx: Context, unit: Unit) -> ECConfig:
     )
 
 
+def _load_failure_policy(ctx: Context) -> FailurePolicy:
+    return ctx.spec.decode.kv.load_failure_policy
+
+
 def _store_child(ctx: Context, kv_role: Literal["kv_both", "kv_consumer"]) -> MooncakeStoreConnectorConfig:
     prefill = ctx.spec.prefill
     kv = prefill.kv if prefill else None
@@ -96,12 +107,16 @@ def _store_child(ctx: Context, kv_role: Literal["kv_both", "kv_consumer"]) -> Mo
         enable_store_tp_lcm=split,
         prefill_tp_sizes=ctx.prefill_tp_sizes if split else None,
     )
-    return MooncakeStoreConnectorConfig(kv_role=kv_role, kv_connector_extra_config=extra)
+    return MooncakeStoreConnectorConfig(
+        kv_role=kv_role, kv_connector_extra_config=extra, kv_load_failure_policy=_load_failure_policy(ctx)
+    )
 
 
 def _p2p_child(ctx: Context, kv_role: Literal["kv_producer", "kv_consumer"]) -> MooncakeConnectorConfig:
     extra = MooncakeP2PExtra(mooncake_protocol=_protocol(ctx), device_name=ctx.device_name)
-    return MooncakeConnectorConfig(kv_role=kv_role, kv_connector_extra_config=extra)
+    return MooncakeConnectorConfig(
+        kv_role=kv_role, kv_connector_extra_config=extra, kv_load_failure_policy=_load_failure_policy(ctx)
+    )
 
 
 def kv_config(ctx: Context, role: str) -> AnyKVConfig | None:
@@ -126,10 +141,12 @@ def kv_config(ctx: Context, role: str) -> AnyKVConfig | None:
         return MultiConnectorConfig(
             kv_role="kv_producer" if producer else "kv_consumer",
             kv_connector_extra_config=MultiExtra(connectors=children),
+            kv_load_failure_policy=_load_failure_policy(ctx),
         )
     return ExampleKVConnectorConfig(
         kv_role="kv_producer" if producer else "kv_consumer",
         kv_connector_extra_config=ExampleKVExtra(shared_storage_path=ctx.shared_path(KV_SUBDIR)),
+        kv_load_failure_policy=_load_failure_policy(ctx),
     )
 
 

@@ -361,8 +361,11 @@ class Launcher:
 
     def stop_each(self, instances: list[VllmInstance]) -> None:
         """Stop these instances together (a group's teardown, so the next group never overlaps it in memory)."""
+        running = [i.name for i in instances if i.alive()]
         with ThreadPoolExecutor(max_workers=max(1, len(instances))) as pool:
             list(pool.map(lambda i: i.stop(), instances))
+        if running:
+            self.say(f"stopped {', '.join(running)}")
 
     def stop_all(self) -> None:
         self.stop_each(self.instances)

@@ -11,8 +11,11 @@ repeats its whole run), from its own prefix cache; it computed at most the parti
 fresh prompt's blocks are in the store under the deployment's KV prefix, and the decode loads them from there.
 
 The prefill writes the store asynchronously (a send thread, after the step that computed the blocks), so a decode
-that looked the blocks up before they landed would compute them itself (correct, but no transfer); the lookup comes
-tens of milliseconds after the prefill answered, and no miss was seen here. This module would report one.
+that looks the blocks up before they land computes them itself: correct, only slower (shared/docs/facts.md). On an
+idle machine that happened to about one request in twenty (full e2e runs, each time another case). So each case
+asserts the answer, that no token came by P2P, and that every prompt token is accounted for; whether the decode
+loaded its blocks or recomputed them is tallied, and the module asserts that most requests loaded them and that a
+fresh prompt does (up to three fresh prompts, each a real attempt).
 
 Instances: the session's baseline and this module's deployment, stopped when the module ends.
 """
@@ -67,14 +70,18 @@ def epd(
         yield it
 
 
-def assert_the_decode_computed_no_full_block(delta: DecodeCounts, requests: int, label: str) -> None:
-    """Every full block came from the store or, for a prompt this decode has seen, from its own prefix cache;
-    only the partial last block of each prompt was computed."""
+OUTCOMES: dict[str, bool] = {}
+"""Per case run: did the decode compute no full block (every full block from the store or its own cache)?"""
+FRESH_ATTEMPTS = 3
+
+
+def loaded_every_full_block(delta: DecodeCounts, requests: int, label: str) -> bool:
+    """Every prompt token is accounted for and none came by P2P; True when only the partial last block of each
+    prompt was computed (the rest from the store or, for a prompt this decode has seen, its own prefix cache)."""
     assert delta.prompt > 0, f"{label}: the decode recorded no prompt tokens: {delta}"
-    assert delta.transferred + delta.cached_locally > 0, f"{label}: no block came from the store or a cache: {delta}"
-    assert delta.computed <= (BLOCK - 1) * requests, f"{label}: the decode computed full blocks itself: {delta}"
     assert delta.computed + delta.transferred + delta.cached_locally == delta.prompt, f"{label}: {delta}"
     assert delta.from_p2p == 0, f"{label}: a P2P transfer in a store-only deployment: {delta}"
+    return delta.computed <= (BLOCK - 1) * requests and delta.transferred + delta.cached_locally > 0
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
@@ -83,20 +90,37 @@ def test_the_proxy_answers_as_the_baseline_and_the_decode_loads_full_blocks_from
     epd: LocalEPD, baseline: VllmInstance, case: str, stream: bool
 ) -> None:
     delta = serve_case(epd, baseline, case, stream, "E+P+D store")
-    assert_the_decode_computed_no_full_block(delta, len(CASES[case]), case)
+    label = f"{case}, {'streamed' if stream else 'whole'}"
+    OUTCOMES[label] = loaded_every_full_block(delta, len(CASES[case]), label)
+    if not OUTCOMES[label]:
+        print(f"{label}: the decode recomputed full blocks (looked them up before the store write landed): {delta}")
 
 
 def test_a_fresh_prompt_reaches_the_decode_through_the_store(epd: LocalEPD) -> None:
     """A prompt no instance has seen: the prefill stores its full blocks under the deployment's KV prefix, and
-    the decode, which cannot have them cached, loads them from the store and computes only the last one."""
-    keys_before = epd.store_keys()
-    before = DecodeCounts.read(epd)
-    ask(epd.plan.endpoint, chat([image(12), text(LONG_QUESTION)]))
-    delta = decode_counts_after(epd, before, 1)
-    assert len(new_store_keys(epd, keys_before)) >= 2, "a prompt of several full blocks stored fewer than two"
-    assert delta.cached_locally == 0, f"a fresh prompt was in the decode's cache: {delta}"
-    assert delta.transferred >= 2 * BLOCK and delta.transferred % BLOCK == 0, delta
-    assert delta.computed < BLOCK and delta.computed + delta.transferred == delta.prompt, delta
+    the decode, which cannot have them cached, loads them from the store and computes only the last one (a
+    lookup that raced the store write is retried with another fresh prompt, at most FRESH_ATTEMPTS in all)."""
+    misses = []
+    for attempt in range(FRESH_ATTEMPTS):
+        keys_before = epd.store_keys()
+        before = DecodeCounts.read(epd)
+        ask(epd.plan.endpoint, chat([image(12 + attempt), text(LONG_QUESTION)]))
+        delta = decode_counts_after(epd, before, 1)
+        assert len(new_store_keys(epd, keys_before)) >= 2, "a prompt of several full blocks stored fewer than two"
+        assert delta.cached_locally == 0, f"a fresh prompt was in the decode's cache: {delta}"
+        assert delta.computed + delta.transferred == delta.prompt and delta.from_p2p == 0, delta
+        if delta.transferred >= 2 * BLOCK and delta.computed < BLOCK:
+            assert delta.transferred % BLOCK == 0, delta
+            return
+        misses.append(delta)
+    pytest.fail(f"{FRESH_ATTEMPTS} fresh prompts, and the decode loaded none from the store: {misses}")
+
+
+def test_most_requests_loaded_their_full_blocks_from_the_store_or_cache() -> None:
+    if not OUTCOMES:
+        pytest.skip("no case ran in this session")
+    missed = [label for label, loaded in OUTCOMES.items() if not loaded]
+    assert len(missed) * 2 < len(OUTCOMES), f"the decode recomputed full blocks in {missed} of {list(OUTCOMES)}"
 
 
 def test_no_vllm_role_logged_a_traceback(epd: LocalEPD) -> None:

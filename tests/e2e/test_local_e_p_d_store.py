@@ -96,10 +96,13 @@ def test_the_proxy_answers_as_the_baseline_and_the_decode_loads_full_blocks_from
         print(f"{label}: the decode recomputed full blocks (looked them up before the store write landed): {delta}")
 
 
-def test_a_fresh_prompt_reaches_the_decode_through_the_store(epd: LocalEPD) -> None:
-    """A prompt no instance has seen: the prefill stores its full blocks under the deployment's KV prefix, and
-    the decode, which cannot have them cached, loads them from the store and computes only the last one (a
-    lookup that raced the store write is retried with another fresh prompt, at most FRESH_ATTEMPTS in all)."""
+def test_most_cases_and_a_fresh_prompt_reach_the_decode_through_the_store(epd: LocalEPD) -> None:
+    """Of the cases above (when they ran), most loaded every full block. A prompt no instance has seen: the
+    prefill stores its full blocks under the deployment's KV prefix, and the decode, which cannot have them
+    cached, loads them from the store and computes only the last one (a lookup that raced the store write is
+    retried with another fresh prompt, at most FRESH_ATTEMPTS in all)."""
+    missed = [label for label, loaded in OUTCOMES.items() if not loaded]
+    assert len(missed) * 2 < max(1, len(OUTCOMES)), f"the decode recomputed full blocks in {missed} of {list(OUTCOMES)}"
     misses = []
     for attempt in range(FRESH_ATTEMPTS):
         keys_before = epd.store_keys()
@@ -114,13 +117,6 @@ def test_a_fresh_prompt_reaches_the_decode_through_the_store(epd: LocalEPD) -> N
             return
         misses.append(delta)
     pytest.fail(f"{FRESH_ATTEMPTS} fresh prompts, and the decode loaded none from the store: {misses}")
-
-
-def test_most_requests_loaded_their_full_blocks_from_the_store_or_cache() -> None:
-    if not OUTCOMES:
-        pytest.skip("no case ran in this session")
-    missed = [label for label, loaded in OUTCOMES.items() if not loaded]
-    assert len(missed) * 2 < len(OUTCOMES), f"the decode recomputed full blocks in {missed} of {list(OUTCOMES)}"
 
 
 def test_no_vllm_role_logged_a_traceback(epd: LocalEPD) -> None:

@@ -7,7 +7,10 @@ ec_idle_load predates this module and keeps its own copy of these pieces.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import logging
+import os
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -96,3 +99,25 @@ def arm(module_name: str, patch: Patch) -> None:
         return
     if not any(isinstance(f, PatchOnImport) and f.module_name == module_name for f in sys.meta_path):
         sys.meta_path.insert(0, PatchOnImport(module_name, patch))
+
+
+def register(
+    name: str,
+    decide: Callable[[str, Mapping[str, str]], Decision],
+    module_name: str,
+    patch: Patch,
+    logger: logging.Logger,
+) -> None:
+    """The body of a workaround's ``vllm.general_plugins`` entry point: decide from the running vLLM and the
+    environment, then arm the patch of `module_name`; one log line either way, and never an exception (a plugin
+    must never stop vLLM from starting)."""
+    try:
+        version = str(getattr(importlib.import_module("vllm"), "__version__", "unknown"))
+        decision = decide(version, os.environ)
+        if not decision.apply:
+            logger.info("epd %s: not applied: %s", name, decision.reason)
+            return
+        logger.debug("epd %s: armed: %s", name, decision.reason)
+        arm(module_name, patch)
+    except Exception as exc:
+        logger.warning("epd %s: not applied: %s: %s", name, type(exc).__name__, exc)

@@ -22,9 +22,7 @@ process saying what it decided.
 
 from __future__ import annotations
 
-import importlib
 import logging
-import os
 import sys
 from collections.abc import Mapping
 from types import ModuleType
@@ -124,13 +122,4 @@ def patch_connector_module(module: ModuleType) -> bool:
 
 def register() -> None:
     """The ``vllm.general_plugins`` entry point (vLLM calls it once per process)."""
-    try:
-        version = str(getattr(importlib.import_module("vllm"), "__version__", "unknown"))
-        decision = decide(version, os.environ)
-        if not decision.apply:
-            logger.info("epd mooncake_cpu_device: not applied: %s", decision.reason)
-            return
-        logger.debug("epd mooncake_cpu_device: armed: %s", decision.reason)
-        _patching.arm(CONNECTOR_MODULE, patch_connector_module)
-    except Exception as exc:  # a plugin must never stop vLLM from starting
-        logger.warning("epd mooncake_cpu_device: not applied: %s: %s", type(exc).__name__, exc)
+    _patching.register("mooncake_cpu_device", decide, CONNECTOR_MODULE, patch_connector_module, logger)

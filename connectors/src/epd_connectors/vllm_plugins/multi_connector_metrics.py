@@ -20,9 +20,7 @@ off. It logs one line per process that patches.
 from __future__ import annotations
 
 import functools
-import importlib
 import logging
-import os
 import sys
 from collections.abc import Callable, Mapping
 from types import ModuleType
@@ -105,13 +103,4 @@ def patch_metrics_module(module: ModuleType) -> bool:
 
 def register() -> None:
     """The ``vllm.general_plugins`` entry point (vLLM calls it once per process)."""
-    try:
-        version = str(getattr(importlib.import_module("vllm"), "__version__", "unknown"))
-        decision = decide(version, os.environ)
-        if not decision.apply:
-            logger.info("epd multi_connector_metrics: not applied: %s", decision.reason)
-            return
-        logger.debug("epd multi_connector_metrics: armed: %s", decision.reason)
-        _patching.arm(METRICS_MODULE, patch_metrics_module)
-    except Exception as exc:  # a plugin must never stop vLLM from starting
-        logger.warning("epd multi_connector_metrics: not applied: %s: %s", type(exc).__name__, exc)
+    _patching.register("multi_connector_metrics", decide, METRICS_MODULE, patch_metrics_module, logger)

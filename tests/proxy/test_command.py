@@ -90,3 +90,8 @@ def test_flags_can_come_from_the_environment() -> None:
     assert not app.options.encoder_affinity and app.options.limits.retries == 5
     app, _, _, _ = cli.build(["--retries", "1"], environ)
     assert app.options.limits.retries == 1, "the command line wins"
+    app, _, _, _ = cli.build(["--pd", "http://p2:8000", "--pd", "http://p3:8000"], environ)
+    urls = [i.url for i in app.roster.instances(ProxyRole.PD)]
+    assert urls == ["http://p2:8000", "http://p3:8000"], "a repeated flag on the command line replaces the env's list"
+    app, _, _, _ = cli.build([], environ)
+    assert len(app.roster.instances(ProxyRole.PD)) == 2, "the env's list is not changed by an earlier parse"

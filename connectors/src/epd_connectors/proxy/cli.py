@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from epd_connectors.config.base import ConfigError
 from epd_connectors.config.bundle import Peers, load_bundle
@@ -44,23 +45,34 @@ def _env_defaults(p: argparse.ArgumentParser, environ: Mapping[str, str]) -> Non
             action.default = action.type(value) if callable(action.type) else value
 
 
+class _Repeat(argparse.Action):
+    """A repeated flag whose command-line values replace its default (EPD_PROXY_<FLAG>, comma-separated) instead
+    of adding to it, as argparse's "append" would: the command line wins for lists too."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: str | None = None
+    ) -> None:
+        current = getattr(namespace, self.dest)
+        setattr(namespace, self.dest, [*([] if current is self.default else current), values])
+
+
 def parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="epd-proxy", description="OpenAI-compatible E/P/D proxy for vLLM")
     p.add_argument("--bundle", type=Path, help="the proxy role's bundle (peers and listener)")
     p.add_argument("--host", help="listen address (bundle proxy.host, else 0.0.0.0)")
     p.add_argument("--port", type=int, help="listen port (bundle proxy.port, else 8000)")
     for flag, what in (("encoder", "encoder"), ("prefill", "prefill"), ("decode", "decode"), ("pd", "combined PD")):
-        p.add_argument(f"--{flag}", action="append", default=[], metavar="URL", help=f"{what} base URL (repeat)")
+        p.add_argument(f"--{flag}", action=_Repeat, default=[], metavar="URL", help=f"{what} base URL (repeat)")
     p.add_argument(
         "--ec-consumer",
-        action="append",
+        action=_Repeat,
         default=[],
         metavar="tcp://HOST:PORT",
         help="EC control address per consumer and DP replica, in consumer order (ECMooncakeConnector)",
     )
     p.add_argument(
         "--prefill-bootstrap-port",
-        action="append",
+        action=_Repeat,
         type=int,
         default=[],
         metavar="PORT",
@@ -87,7 +99,7 @@ def parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     for flag, what in (("tp", "tensor"), ("dp", "data")):
         p.add_argument(
             f"--ec-{flag}-size",
-            action="append",
+            action=_Repeat,
             type=int,
             default=[],
             metavar="N",

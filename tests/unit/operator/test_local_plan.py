@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from epd_connectors.config.bundle import POD_IP_PLACEHOLDER, Role
-from epd_connectors.config.ec_transfer import ECExampleConnectorConfig, ECMooncakeConsumer
+from epd_connectors.config.ec_transfer import ECExampleConnectorConfig, ECMooncakeConsumer, ECMooncakeProducer
 from epd_connectors.launch.plan import plan_launch
 from epd_operator.api.resource import OperatorDefaults
 from epd_operator.derive import ports
@@ -210,3 +210,18 @@ def test_a_file_that_is_not_an_epddeployment_is_one_clear_line(tmp_path: Path) -
     bad.write_text("kind: Deployment\n")
     with pytest.raises(local_plan.LocalPlanError, match="not an EPDDeployment manifest"):
         local_plan.load_manifest(bad)
+
+
+def test_the_cpu_profile_caps_the_ec_buffer_and_render_carries_it_to_both_ends() -> None:
+    _, spec = local_plan.load_manifest(ROOT / "examples" / "local-e-p-d.yaml")
+    assert spec.encoder.connector == "mooncake" and spec.encoder.buffer_size == 10**9
+    adjusted, changes = profile.apply_profile(spec, profile.CPU)
+    assert adjusted.encoder.buffer_size == 64 * 1024**2
+    assert "spec.encoder.bufferSize: 1000000000 -> 67108864 bytes" in changes
+    assert profile.apply_profile(spec, profile.NONE)[0].encoder.buffer_size == 10**9
+    sizes = {
+        i.role: i.bundle.ec_transfer.ec_buffer_size
+        for i in _plan(ROOT / "examples" / "local-e-p-d.yaml").instances
+        if isinstance(i.bundle.ec_transfer, ECMooncakeConsumer | ECMooncakeProducer)
+    }
+    assert sizes == {Role.ENCODER: 64 * 1024**2, Role.PREFILL: 64 * 1024**2}, sizes

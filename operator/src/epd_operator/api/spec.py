@@ -298,6 +298,9 @@ class EncoderSpec(_RoleCommon):
     """ECMooncakeConnector (transfer engine, needs no shared disk) or ECExampleConnector (sharedStorage)."""
     buffer_device: Literal["cuda", "cpu"] = "cuda"
     """Where the EC transfer buffer lives."""
+    buffer_size: PositiveQuantity = 1_000_000_000
+    """Bytes of the EC transfer buffer each encoder and each consumer registers (ECMooncakeConnector's
+    ec_buffer_size; vLLM's default, 1e9, is kept unless set). It must hold the embeddings in flight at once."""
     cross_encoder_cache: CrossEncoderCacheSpec = CrossEncoderCacheSpec()
     """Reuse of encoder outputs across encoders."""
 

@@ -38,6 +38,9 @@ class LocalProfile:
     """spec.model.blockSize: the CPU build's default of 128 tokens transfers no KV for short prompts."""
     ec_buffer_device: str | None = "cpu"
     """spec.encoder.bufferDevice: there is no CUDA device for the EC transfer buffer."""
+    ec_buffer_bytes: int | None = 64 * 1024**2
+    """Upper bound of spec.encoder.bufferSize: every encoder and consumer registers its whole EC buffer at start
+    (vLLM's default 1e9 bytes); a tiny model's embeddings are KiB."""
     store_protocol: str | None = "tcp"
     """spec.store.protocol: no RDMA NIC on a laptop; Mooncake's TCP transport."""
     vllm_env: dict[str, str] = field(default_factory=lambda: dict(CPU_VLLM_ENV))
@@ -64,6 +67,7 @@ CPU: Final = LocalProfile()
 NONE: Final = LocalProfile(
     block_size=None,
     ec_buffer_device=None,
+    ec_buffer_bytes=None,
     store_protocol=None,
     vllm_env={},
     enforce_eager=None,
@@ -89,6 +93,8 @@ def apply_profile(spec: EPDDeploymentSpec, profile: LocalProfile) -> tuple[EPDDe
     if profile.ec_buffer_device is not None and uses_ec_buffer and encoder.buffer_device != profile.ec_buffer_device:
         changed("spec.encoder.bufferDevice", encoder.buffer_device, profile.ec_buffer_device)
         encoder = encoder.model_copy(update={"buffer_device": profile.ec_buffer_device})
+    if uses_ec_buffer:
+        encoder = _capped(encoder, "spec.encoder", {"buffer_size": "bufferSize"}, profile.ec_buffer_bytes, changes)
     if store is not None and profile.store_protocol is not None and store.protocol != profile.store_protocol:
         changed("spec.store.protocol", store.protocol, profile.store_protocol)
         store = store.model_copy(update={"protocol": profile.store_protocol})

@@ -69,7 +69,9 @@ def encoder_ec(ctx: Context) -> ECConfig:
             store_max_pending_bytes=reuse.max_pending_bytes,
             store_read_buffer_bytes=reuse.read_buffer_bytes,
         )
-    return ECMooncakeProducer(ec_buffer_device=enc.buffer_device, ec_connector_extra_config=extra)
+    return ECMooncakeProducer(
+        ec_buffer_device=enc.buffer_device, ec_buffer_size=enc.buffer_size, ec_connector_extra_config=extra
+    )
 
 
 def consumer_ec(ctx: Context, unit: Unit) -> ECConfig:
@@ -84,6 +86,7 @@ def consumer_ec(ctx: Context, unit: Unit) -> ECConfig:
     return ECMooncakeConsumer(
         # Encoders and consumers run on the same kind of hardware; one setting keeps their pools alike.
         ec_buffer_device=enc.buffer_device,
+        ec_buffer_size=enc.buffer_size,
         ec_ip=ctx.own_address,
         ec_port=ctx.port(unit.name, ports.ec_port_name(0), ports.EC_CONTROL_PORT),
         ec_connector_extra_config=ECMooncakeConsumerExtra(mooncake_protocol=_protocol(ctx)),

@@ -19,12 +19,10 @@ import json
 import os
 import signal
 import socket
-import struct
 import subprocess
 import time
 import urllib.error
 import urllib.request
-import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -36,6 +34,7 @@ import pytest
 from epd_connectors.config.bundle import Role, RoleBundle
 from epd_connectors.config.ec_transfer import ECExampleConnectorConfig
 from epd_connectors.config.vllm import VllmServerConfig
+from epd_operator.local.sample import png_bytes
 from tests.e2e.memory import MemorySampler
 
 LOOPBACK = "127.0.0.1"
@@ -404,24 +403,21 @@ def baseline(launcher: Launcher, baseline_started: VllmInstance) -> VllmInstance
     return baseline_started
 
 
-def png_bytes(width: int, height: int, seed: int) -> bytes:
-    """A deterministic RGB PNG (a coloured pattern that depends on the seed), written without Pillow."""
-    rows = bytearray()
-    for y in range(height):
-        rows.append(0)  # filter: none
-        for x in range(width):
-            rows += bytes(((x * 4 + seed * 37) % 256, (y * 4 + seed * 91) % 256, ((x ^ y) * 8 + seed * 13) % 256))
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", header)
-        + chunk(b"IDAT", zlib.compress(bytes(rows), 9))
-        + chunk(b"IEND", b"")
-    )
+def greedy_chat(content: str | list[dict[str, Any]], max_tokens: int, *, stream: bool | None = None) -> dict[str, Any]:
+    """A greedy chat request that always produces `max_tokens` tokens (random weights rarely stop by themselves),
+    with logprobs so answers compare token by token; `stream` is sent only when given."""
+    body: dict[str, Any] = {
+        "model": SERVED_MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "logprobs": True,
+        "seed": 0,
+    }
+    if stream is not None:
+        body["stream"] = stream
+    return body
 
 
 def image_data_url(width: int = 64, height: int = 64, seed: int = 0) -> str:

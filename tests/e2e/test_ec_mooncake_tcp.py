@@ -34,11 +34,11 @@ from epd_connectors.proxy.local import LocalProxy, local_proxy
 from epd_connectors.vllm_plugins.ec_idle_load import TOGGLE_ENV
 from tests.e2e.conftest import (
     LOOPBACK,
-    SERVED_MODEL,
     TIMINGS,
     Launcher,
     VllmInstance,
     free_port,
+    greedy_chat,
     image_data_url,
     tiny_server,
 )
@@ -129,15 +129,7 @@ def proxy(mooncake: MooncakeFleet, tmp_path_factory: pytest.TempPathFactory) -> 
 
 def chat(content: list[dict[str, Any]]) -> dict[str, Any]:
     """A greedy chat request that always produces MAX_TOKENS tokens."""
-    return {
-        "model": SERVED_MODEL,
-        "messages": [{"role": "user", "content": content}],
-        "max_tokens": MAX_TOKENS,
-        "temperature": 0.0,
-        "ignore_eos": True,
-        "logprobs": True,
-        "seed": 0,
-    }
+    return greedy_chat(content, MAX_TOKENS)
 
 
 def image(url: str) -> dict[str, Any]:

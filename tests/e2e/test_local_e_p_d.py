@@ -46,7 +46,7 @@ from epd_operator.derive.site import LOOPBACK
 from epd_operator.local import processes, profile
 from epd_operator.local.plan import Instance, LocalPlan
 from epd_operator.local.processes import LocalDeployment
-from tests.e2e.conftest import REPO, SERVED_MODEL, TIMINGS, VllmInstance, image_data_url, progress
+from tests.e2e.conftest import REPO, TIMINGS, VllmInstance, greedy_chat, image_data_url, progress
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
@@ -58,16 +58,7 @@ writes the store asynchronously)."""
 
 
 def chat(content: str | list[dict[str, Any]], *, stream: bool = False) -> dict[str, Any]:
-    return {
-        "model": SERVED_MODEL,
-        "messages": [{"role": "user", "content": content}],
-        "max_tokens": MAX_TOKENS,
-        "temperature": 0.0,
-        "ignore_eos": True,
-        "logprobs": True,
-        "seed": 0,
-        "stream": stream,
-    }
+    return greedy_chat(content, MAX_TOKENS, stream=stream)
 
 
 def image(seed: int) -> dict[str, Any]:

@@ -11,7 +11,15 @@ from typing import Any
 import pytest
 
 from epd_operator.local import processes, profile, sample
-from tests.e2e.conftest import REPO, SERVED_MODEL, TIMINGS, Launcher, VllmInstance, image_data_url, progress
+from tests.e2e.conftest import (
+    REPO,
+    TIMINGS,
+    Launcher,
+    VllmInstance,
+    greedy_chat,
+    image_data_url,
+    progress,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
@@ -20,15 +28,7 @@ MAX_TOKENS = 12
 
 
 def chat(content: str | list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "model": SERVED_MODEL,
-        "messages": [{"role": "user", "content": content}],
-        "max_tokens": MAX_TOKENS,
-        "temperature": 0.0,
-        "ignore_eos": True,
-        "logprobs": True,
-        "seed": 0,
-    }
+    return greedy_chat(content, MAX_TOKENS)
 
 
 def tokens(answer: dict[str, Any]) -> tuple[str, list[str]]:

@@ -18,7 +18,7 @@ import pytest
 
 from epd_connectors.proxy.local import LocalProxy, local_proxy
 from epd_connectors.proxy.media import content_uuid
-from tests.e2e.conftest import SERVED_MODEL, TIMINGS, VllmInstance, image_data_url
+from tests.e2e.conftest import SERVED_MODEL, TIMINGS, VllmInstance, greedy_chat, image_data_url
 from tests.e2e.ec_example.conftest import Fleet
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
@@ -56,15 +56,7 @@ def http(url: str, body: dict[str, Any] | bytes | None = None, timeout_s: float 
 
 def chat(content: str | list[dict[str, Any]], max_tokens: int = MAX_TOKENS) -> dict[str, Any]:
     """A greedy chat request that always produces max_tokens tokens."""
-    return {
-        "model": SERVED_MODEL,
-        "messages": [{"role": "user", "content": content}],
-        "max_tokens": max_tokens,
-        "temperature": 0.0,
-        "ignore_eos": True,
-        "logprobs": True,
-        "seed": 0,
-    }
+    return greedy_chat(content, max_tokens)
 
 
 def image_part(url: str) -> dict[str, Any]:

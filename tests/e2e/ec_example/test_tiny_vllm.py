@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import SERVED_MODEL, TIMINGS, VllmInstance, image_data_url
+from tests.e2e.conftest import TIMINGS, VllmInstance, greedy_chat, image_data_url
 from tests.e2e.ec_example.conftest import Fleet
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
@@ -18,15 +18,7 @@ MAX_TOKENS = 12
 
 def chat(content: str | list[dict[str, Any]], max_tokens: int = MAX_TOKENS) -> dict[str, Any]:
     """A greedy chat request that always produces max_tokens tokens (random weights rarely stop by themselves)."""
-    return {
-        "model": SERVED_MODEL,
-        "messages": [{"role": "user", "content": content}],
-        "max_tokens": max_tokens,
-        "temperature": 0.0,
-        "ignore_eos": True,
-        "logprobs": True,
-        "seed": 0,
-    }
+    return greedy_chat(content, max_tokens)
 
 
 def with_image(url: str, text: str = "Describe the image.") -> list[dict[str, Any]]:

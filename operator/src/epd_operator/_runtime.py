@@ -29,7 +29,7 @@ from typing import Any
 
 import kopf
 
-from epd_operator import _kube, apply, managed_fields, pacing, status
+from epd_operator import _kube, apply, pacing, status
 from epd_operator.api import constants as c
 from epd_operator.api.resource import InvalidSpecError, OperatorDefaults, Owner, parse_spec
 from epd_operator.api.status import EPDDeploymentStatus
@@ -333,8 +333,10 @@ class Runtime:
             if live is None and not await status.exists(self.client, owner.namespace, owner.name, owner.uid):
                 self.forget(owner.namespace, owner.name)  # the owner is going: GC deletes its children
                 return
-            prior = self.applied.entries.get(key)
             try:
+                # What the server holds just before our apply: an answer with the same resourceVersion was a
+                # no-op (an event that was already stale: a controller's write between an edit and its repair).
+                before = None if live is None else await apply.current_version(self.client, wanted)
                 answers = await apply.apply(self.client, wanted, live)
             except _kube.KubeError as exc:
                 self._event(tracked, "warn", reason="RepairFailed", message=f"{key[0]} {key[2]}: {exc}")
@@ -342,9 +344,7 @@ class Runtime:
                     self._repair_later(tracked, key, live, RETRY_REPAIR_S)
                 return
             after = answers[-1]
-            # An event that was already stale (a controller's write between an edit and its repair) makes for
-            # a second apply the server finds a no-op; it must not be reported as a second repair.
-            written = prior is None or managed_fields.stamp(after) != prior.stamp
+            written = before is None or after.get("metadata", {}).get("resourceVersion") != before
             self.applied.record(wanted, digest, answers)
             if key[0] in apply.WORKLOAD_KINDS:
                 self._remember(key, after, watched=False)

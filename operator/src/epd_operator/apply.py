@@ -103,8 +103,6 @@ class Record:
     """`managed_fields.held` of the server's answer."""
     versions: frozenset[str]
     """resourceVersions our writes left behind: the answer's, and any a repair wrote on the way to it."""
-    stamp: str
-    """`managed_fields.stamp` of the answer."""
 
 
 def _version(obj: dict[str, Any]) -> str:
@@ -131,7 +129,7 @@ class Applied:
         """Remember the answers of one `apply` (the live object last)."""
         live = answers[-1]
         versions = frozenset(_version(a) for a in answers)
-        self.entries[key_of(desired)] = Record(digest, managed_fields.held(live), versions, managed_fields.stamp(live))
+        self.entries[key_of(desired)] = Record(digest, managed_fields.held(live), versions)
 
     def forget(self, namespace: str, keys: Iterable[tuple[str, str, str]] | None = None) -> None:
         """Drop entries (all of a namespace when keys is None), e.g. when their EPDDeployment is gone."""
@@ -178,6 +176,16 @@ async def apply(
             raise
         removed = await _remove(client, live, doomed)
     return [removed, await _apply(client, obj)]
+
+
+async def current_version(client: _kube.Requester, obj: dict[str, Any]) -> str | None:
+    """The resourceVersion `obj` has on the server now; None when it does not exist."""
+    meta = obj["metadata"]
+    try:
+        found = await client.request("GET", f"{kind_of(obj).collection(meta['namespace'])}/{meta['name']}")
+    except _kube.NotFoundError:
+        return None
+    return _version(found)
 
 
 async def _remove(client: _kube.Requester, live: dict[str, Any], pointers: Sequence[str]) -> dict[str, Any]:

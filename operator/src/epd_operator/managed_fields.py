@@ -36,15 +36,6 @@ def held(live: dict[str, Any]) -> str:
     return f"{meta.get('uid')}:{version}"
 
 
-def stamp(live: dict[str, Any]) -> str:
-    """When we last wrote this object: the time of our entry, which the API server moves only when an apply of
-    ours changes something (to the second), so an answer with the stamp of the one before was a no-op. Without
-    an entry, the resourceVersion stands in."""
-    meta = live.get("metadata", {})
-    times = sorted(str(e.get("time")) for e in meta.get("managedFields") or [] if _is_ours(e))
-    return f"{meta.get('uid')}:" + (times[-1] if times else f"rv{meta.get('resourceVersion')}")
-
-
 def _is_ours(entry: dict[str, Any]) -> bool:
     """Our server-side apply entry (the operator never writes a child's status)."""
     manager, operation = entry.get("manager"), entry.get("operation")

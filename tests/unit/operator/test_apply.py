@@ -45,6 +45,10 @@ class FakeApi:
             assert query == {"fieldManager": c.FIELD_MANAGER, "force": "true"}
             assert isinstance(body, dict)
             return self._apply(path, body)
+        if method == "GET" and query is None:  # one object
+            if path not in self.objects:
+                raise _kube.NotFoundError(method, path, 404, "NotFound", "not found")
+            return copy.deepcopy(self.objects[path])
         if method == "GET":
             assert query is not None
             wanted = dict(pair.split("=") for pair in query["labelSelector"].split(","))

@@ -67,6 +67,16 @@ CHILD_KINDS = (
 # -- talking to the API server
 
 
+def prometheus_samples(text: str) -> dict[str, float]:
+    """A Prometheus text page as 'name{labels}' -> value."""
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            found[name] = float(value)
+    return found
+
+
 class ApiError(Exception):
     def __init__(self, status: int, body: Any) -> None:
         super().__init__(f"HTTP {status}: {body}")
@@ -313,13 +323,7 @@ class Operator:
     def metrics(self) -> dict[str, float]:
         """Samples of /metrics: 'name{labels}' -> value."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as answer:
-            text = answer.read().decode()
-        found: dict[str, float] = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                found[name] = float(value)
-        return found
+            return prometheus_samples(answer.read().decode())
 
     def rss_kib(self) -> int:
         """Resident memory now (VmRSS) and at its peak (VmHWM) come from /proc; this is the peak."""

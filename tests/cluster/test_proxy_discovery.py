@@ -50,6 +50,7 @@ from tests.cluster.operator_fixtures import (
     eventually,
     example,
     free_port,
+    prometheus_samples,
 )
 from tests.cluster.test_chart_operator import token_kubeconfig
 
@@ -226,12 +227,7 @@ class Proxy:
     def metrics(self) -> dict[str, float]:
         status, text = self.get("/metrics")
         assert status == 200, text
-        found: dict[str, float] = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                found[name] = float(value)
-        return found
+        return prometheus_samples(text)
 
     def roster(self) -> dict[str, tuple[int, int]]:
         """Per role, the (healthy, unhealthy) instances of epd_proxy_roster_instances."""

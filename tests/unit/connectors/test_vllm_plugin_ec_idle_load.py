@@ -21,6 +21,7 @@ from epd_connectors.config.ec_transfer import ECMooncakeConsumer
 from epd_connectors.config.vllm import VllmServerConfig
 from epd_connectors.launch.plan import plan_launch
 from epd_connectors.vllm_plugins import ec_idle_load as plugin
+from epd_connectors.vllm_plugins._patching import release_of
 from epd_connectors.vllm_plugins.ec_idle_load import (
     KNOWN_BUGGY_RELEASES,
     TOGGLE_ENV,
@@ -30,7 +31,6 @@ from epd_connectors.vllm_plugins.ec_idle_load import (
     _wrap,
     decide,
     parse_mode,
-    release_of,
     should_run_idle_ec_section,
     v2_runner_requested,
 )

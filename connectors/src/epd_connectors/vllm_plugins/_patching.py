@@ -2,7 +2,7 @@
 hook that patches one vLLM module right after vLLM itself imports it (so a plugin never imports vLLM modules a
 process would not have loaded).
 
-ec_idle_load predates this module and keeps its own copy of these pieces.
+ec_idle_load predates this module: it shares release_of and keeps its own switch and hook.
 """
 
 from __future__ import annotations

@@ -30,7 +30,6 @@ import functools
 import importlib
 import logging
 import os
-import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +38,8 @@ from importlib.abc import MetaPathFinder
 from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import Any
+
+from epd_connectors.vllm_plugins._patching import release_of
 
 TOGGLE_ENV = "EPD_EC_IDLE_LOAD"
 """``0``/``off``/``false``/``no``: never patch; ``force``: patch any vLLM version (V1 runner only); unset,
@@ -108,16 +109,6 @@ def parse_mode(value: str | None) -> tuple[Mode, str | None]:
     if mode is None:
         return Mode.AUTO, f"{TOGGLE_ENV}={value!r} is not one of 0/off, auto/1, force; using auto"
     return mode, None
-
-
-def release_of(version: str) -> tuple[int, int, int] | None:
-    """``(major, minor, patch)`` of a final release (a local label such as ``+cpu`` allowed); None for a
-    pre-release, a dev build or anything unparseable (their code is unknown)."""
-    match = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)(?:\+[0-9A-Za-z.]+)?", version.strip())
-    if match is None:
-        return None
-    major, minor, patch = (int(part) for part in match.groups())
-    return major, minor, patch
 
 
 def v2_runner_requested(value: str | None) -> bool | None:

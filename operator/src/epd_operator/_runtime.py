@@ -29,7 +29,7 @@ from typing import Any
 
 import kopf
 
-from epd_operator import _kube, apply, pacing, status
+from epd_operator import _kube, apply, managed_fields, pacing, status
 from epd_operator.api import constants as c
 from epd_operator.api.resource import InvalidSpecError, OperatorDefaults, Owner, parse_spec
 from epd_operator.api.status import EPDDeploymentStatus
@@ -334,9 +334,10 @@ class Runtime:
                 self.forget(owner.namespace, owner.name)  # the owner is going: GC deletes its children
                 return
             try:
-                # What the server holds just before our apply: an answer with the same resourceVersion was a
-                # no-op (an event that was already stale: a controller's write between an edit and its repair).
-                before = None if live is None else await apply.current_version(self.client, wanted)
+                # What the server holds just before our apply: when our managedFields entry is the same in the
+                # answer, the apply was a no-op (an event that was already stale: a controller's write between an
+                # edit and its repair). Not the resourceVersion: a controller's status write may move it meanwhile.
+                before = None if live is None else await apply.current(self.client, wanted)
                 answers = await apply.apply(self.client, wanted, live)
             except _kube.KubeError as exc:
                 self._event(tracked, "warn", reason="RepairFailed", message=f"{key[0]} {key[2]}: {exc}")
@@ -344,7 +345,7 @@ class Runtime:
                     self._repair_later(tracked, key, live, RETRY_REPAIR_S)
                 return
             after = answers[-1]
-            written = before is None or after.get("metadata", {}).get("resourceVersion") != before
+            written = before is None or managed_fields.held(after) != managed_fields.held(before)
             self.applied.record(wanted, digest, answers)
             if key[0] in apply.WORKLOAD_KINDS:
                 self._remember(key, after, watched=False)

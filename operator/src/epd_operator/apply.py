@@ -178,14 +178,13 @@ async def apply(
     return [removed, await _apply(client, obj)]
 
 
-async def current_version(client: _kube.Requester, obj: dict[str, Any]) -> str | None:
-    """The resourceVersion `obj` has on the server now; None when it does not exist."""
+async def current(client: _kube.Requester, obj: dict[str, Any]) -> dict[str, Any] | None:
+    """`obj` as the server holds it now; None when it does not exist."""
     meta = obj["metadata"]
     try:
-        found = await client.request("GET", f"{kind_of(obj).collection(meta['namespace'])}/{meta['name']}")
+        return await client.request("GET", f"{kind_of(obj).collection(meta['namespace'])}/{meta['name']}")
     except _kube.NotFoundError:
         return None
-    return _version(found)
 
 
 async def _remove(client: _kube.Requester, live: dict[str, Any], pointers: Sequence[str]) -> dict[str, Any]:

@@ -34,7 +34,11 @@ import pytest
 from epd_connectors.config.bundle import Role, RoleBundle
 from epd_connectors.config.ec_transfer import ECExampleConnectorConfig
 from epd_connectors.config.vllm import VllmServerConfig
+from epd_operator.local import failures, profile
+from epd_operator.local.failures import LogWatch
+from epd_operator.local.processes import attention_note
 from epd_operator.local.sample import png_bytes
+from tests.e2e.cpu import cpu_summary
 from tests.e2e.memory import MemorySampler
 
 LOOPBACK = "127.0.0.1"
@@ -57,15 +61,8 @@ LEAN_ARGS = ("--max-model-len", "2048", "--seed", "0", "--kv-cache-memory-bytes"
 torch.compile and the warm-up pass: an instance is healthy in ~35 s instead of ~63 s and takes ~2 GB (PSS of its
 three processes) instead of ~3 GB, which is what lets the tier run in CI's memory."""
 
-VLLM_ENV = {
-    "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # share the cores with the other instances and the tests
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-}
-"""What every vLLM instance gets on top of the test's environment (shared/docs/facts.md)."""
+VLLM_ENV = profile.CPU_VLLM_ENV
+"""What every vLLM instance gets on top of the test's environment: the local profile's (shared/docs/facts.md)."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -149,9 +146,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def e2e_stage() -> Iterator[None]:
+def e2e_stage(request: pytest.FixtureRequest) -> Iterator[None]:
     """Times the tier and samples memory while it runs. Set up before (and so torn down after) every other
     session fixture of the tier, so the wall time includes starting and stopping every instance."""
+    progress(request.config)(cpu_summary())
     sampler = MemorySampler(lambda: STAGE.module)
     sampler.start()
     STAGE.sampler = sampler
@@ -199,6 +197,7 @@ class VllmInstance:
     popen: subprocess.Popen[bytes]
     log: Path
     started: float
+    watch: LogWatch
     ready: bool = False
     """Seen healthy once (wait_healthy does not wait for it again)."""
 
@@ -213,6 +212,10 @@ class VllmInstance:
 
     def alive(self) -> bool:
         return self.popen.poll() is None
+
+    def failure(self) -> str | None:
+        """Why it failed (exited, or its log says vLLM's engine died while the API server lives on), or None."""
+        return failures.failure(self.popen.poll(), self.watch.fatal())
 
     def tail(self, lines: int = 60) -> str:
         text = self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -323,7 +326,7 @@ class Launcher:
             popen = subprocess.Popen(  # stopped by stop(); a new session so the group can be signalled
                 argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=folder, start_new_session=True
             )
-        instance = VllmInstance(name, bundle, popen, log, time.monotonic())
+        instance = VllmInstance(name, bundle, popen, log, time.monotonic(), LogWatch(log))
         self.instances.append(instance)
         self.say(f"{name}: started {bundle.role.value} on port {instance.port} (log {log})")
         return instance
@@ -336,17 +339,19 @@ class Launcher:
         while pending:
             for instance in list(pending):
                 elapsed = time.monotonic() - instance.started
+                if (why := instance.failure()) is not None:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        instance.popen.wait(timeout=2)  # the rest of its traceback
+                    instance.stop()
+                    pytest.fail(
+                        f"{instance.name} failed before it was healthy: {why}; log {instance.log}:\n{instance.tail()}",
+                        pytrace=False,
+                    )
                 if instance.healthy():
                     pending.remove(instance)
                     instance.ready = True
                     TIMINGS.add(f"start {instance.name}", elapsed)
-                    self.say(f"{instance.name}: healthy after {elapsed:.0f}s")
-                elif not instance.alive():
-                    pytest.fail(
-                        f"{instance.name} exited with {instance.popen.returncode} before it was healthy; "
-                        f"log {instance.log}:\n{instance.tail()}",
-                        pytrace=False,
-                    )
+                    self.say(f"{instance.name}: healthy after {elapsed:.0f}s{attention_note(instance.log, 0)}")
                 elif elapsed > deadline_s:
                     pytest.fail(
                         f"{instance.name} not healthy after {deadline_s:.0f}s; log {instance.log}:\n{instance.tail()}",

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import re
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -41,12 +42,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from epd_connectors.config.bundle import Role
 from epd_connectors.config.kv_transfer import MooncakeStoreConnectorConfig, connectors_of
-from epd_connectors.vllm_plugins import mooncake_cpu_device
+from epd_connectors.vllm_plugins import cpu_amx_tiles, mooncake_cpu_device
 from epd_operator.derive.site import LOOPBACK
 from epd_operator.local import processes, profile
 from epd_operator.local.plan import Instance, LocalPlan
 from epd_operator.local.processes import LocalDeployment
 from tests.e2e.conftest import REPO, TIMINGS, VllmInstance, greedy_chat, image_data_url, progress
+from tests.e2e.cpu import has_amx_tiles
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
@@ -339,8 +341,9 @@ def test_without_the_cpu_device_plugin_a_mooncake_connector_prefill_dies_at_star
 ) -> None:
     """The defect mooncake_cpu_device works around, shown on the same prefill with the plugin switched off in its
     env (EPD_MOONCAKE_CPU_DEVICE=0): MooncakeConnector's worker asks torch for the accelerator's device index
-    and the engine core dies at start. Only the store and that prefill run; the module's deployment is not up
-    yet (this test comes first)."""
+    and the engine core dies at start. vLLM's API server may live on (its engine core can hang on the way out):
+    the runner stops the role as soon as the core's death is logged. Only the store and that prefill run; the
+    module's deployment is not up yet (this test comes first)."""
 
     def plugin_off(doc: dict[str, Any]) -> None:
         doc["spec"]["prefill"]["env"] = {mooncake_cpu_device.TOGGLE_ENV: "0"}
@@ -348,7 +351,9 @@ def test_without_the_cpu_device_plugin_a_mooncake_connector_prefill_dies_at_star
     plan = processes.plan_on_free_ports(example_variant(tmp_path, plugin_off), tmp_path, tiny_model, profile.CPU)
     only = {"master", "store-client", "prefill"}
     with (
-        pytest.raises(processes.StartError, match=r"prefill \(prefill\) exited"),
+        pytest.raises(
+            processes.StartError, match=r"prefill \(prefill\) failed before it was ready: .*EngineCore failed to start"
+        ),
         processes.deployment(plan, tmp_path, e2e_python, say=lambda line: None, only=only, deadline_s=600),
     ):
         pass
@@ -377,10 +382,15 @@ def test_a_fresh_prompt_lands_in_the_store_under_the_deployments_prefix(epd: Loc
 
 
 def test_the_cpu_workarounds_were_applied_where_they_are_needed(epd: LocalEPD) -> None:
-    """The plugins say what they did, in the processes that needed them (and nowhere else it matters)."""
+    """The plugins say what they did, in the processes that needed them (and nowhere else it matters). The
+    attention ISA is this CPU's: "amx" (with AMX tile permission granted) where torch reports AMX tiles."""
     prefill, decode = epd.log(Role.PREFILL), epd.log(Role.DECODE)
+    want_isa = "amx" if has_amx_tiles() else "vec"
     for log in (prefill, decode):
         assert "epd mooncake_cpu_device: vLLM 0.32.0 on the CPU platform" in log
         assert "epd multi_connector_metrics: vLLM 0.32.0" in log
+        assert {choice.split()[0] for choice in cpu_amx_tiles.isa_choices(log)} == {want_isa}, log[-3000:]
+        if want_isa == "amx":
+            assert re.search(r"AMX tile permission for pid \d+ granted \(", log), log[-3000:]
     assert "epd ec_idle_load: vLLM" in prefill
     assert "Traceback" not in prefill + decode, "a vLLM role logged a traceback"

@@ -122,4 +122,4 @@ def test_the_deployment_serves_through_a_master_restart_and_uses_the_store_again
     fresh_prompt_lands_in_the_store(epd, baseline, 42, "after the restart")
     assert_served_like_the_baseline(epd, baseline, 40, "an earlier image, after the restart")
     assert {run.name: run.popen.pid for run in epd.local.running if run.name != master.name} == others
-    assert not epd.local.dead(), "a role died during the outage"
+    assert not epd.local.failed(), "a role died during the outage"

@@ -67,5 +67,5 @@ def test_the_local_example_answers_through_its_proxy_as_the_baseline_does(
             assert len(expected[1]) == MAX_TOKENS
             assert got == expected, f"{label}: the local deployment answered {got}, the baseline {expected}"
         assert list((tmp_path / "shared" / "ec").rglob("*")), "the encoder wrote no embeddings to the shared folder"
-        assert not local.dead()
+        assert not local.failed()
     assert not local.running

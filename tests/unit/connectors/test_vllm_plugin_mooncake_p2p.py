@@ -1,7 +1,7 @@
 """The two vLLM plugins MooncakeConnector needs on the CPU build of vLLM 0.32.0, without vLLM: mooncake_cpu_device
 (the worker's device index on the CPU platform) and multi_connector_metrics (a MultiConnector's Prometheus metrics
-with a connector that has none), their shared gating (_patching), their import hook, their entry points, and that
-importing them imports neither vLLM nor torch."""
+with a connector that has none); the gating (_patching) they share with cpu_amx_tiles, their import hook, their
+entry points, and that importing them imports neither vLLM nor torch."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from epd_connectors.vllm_plugins import _patching, mooncake_cpu_device, multi_connector_metrics
+from epd_connectors.vllm_plugins import _patching, cpu_amx_tiles, mooncake_cpu_device, multi_connector_metrics
 
 pytestmark = pytest.mark.unit
 
@@ -58,6 +58,7 @@ def test_decide(version: str, value: str | None, applies: bool, says: str) -> No
 
 def test_the_known_releases_are_the_verified_ones() -> None:
     assert {(0, 32, 0), (0, 33, 0)} == mooncake_cpu_device.KNOWN_DEFECTIVE_RELEASES
+    assert {(0, 32, 0), (0, 33, 0)} == cpu_amx_tiles.KNOWN_DEFECTIVE_RELEASES
     assert {(0, 32, 0)} == multi_connector_metrics.KNOWN_DEFECTIVE_RELEASES  # 0.33.0 fixed it itself
     assert mooncake_cpu_device.decide("0.33.0", {}).apply
     assert not multi_connector_metrics.decide("0.33.0", {}).apply
@@ -219,7 +220,7 @@ def test_arm_patches_at_once_when_the_module_is_already_imported(monkeypatch: py
     assert getattr(module.MultiKVConnectorPromMetrics.observe, multi_connector_metrics.PATCHED_ATTRIBUTE)
 
 
-PLUGINS: list[Any] = [mooncake_cpu_device, multi_connector_metrics]
+PLUGINS: list[Any] = [mooncake_cpu_device, multi_connector_metrics, cpu_amx_tiles]
 
 
 @pytest.mark.parametrize("plugin", PLUGINS, ids=lambda p: p.__name__.rsplit(".", 1)[-1])
@@ -260,7 +261,7 @@ def test_the_entry_points_name_register() -> None:
 def test_importing_the_plugins_imports_no_vllm_or_torch() -> None:
     code = (
         "import sys, epd_connectors.vllm_plugins.mooncake_cpu_device, "
-        "epd_connectors.vllm_plugins.multi_connector_metrics\n"
+        "epd_connectors.vllm_plugins.multi_connector_metrics, epd_connectors.vllm_plugins.cpu_amx_tiles\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'torch')))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)

@@ -1,18 +1,23 @@
-"""The local runner's restart bookkeeping, without processes: `restart` stops the old process and starts the same
-instance again in its place (so `stop` keeps its order), marking the start as a restart; `get` names what runs.
-The real thing (a master killed and restarted under its store client) is tests/store/test_local_runner_store.py."""
+"""The local runner's bookkeeping: `restart` stops the old process and starts the same instance again in its place
+(so `stop` keeps its order), marking the start as a restart; `get` names what runs (without processes); an
+instance whose log says its vLLM engine died is a failed start at once, and its whole process group is stopped
+(small real processes that print vLLM's line and then hang, as its API server does). The real thing (a master
+killed and restarted under its store client) is tests/store/test_local_runner_store.py."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from epd_operator.local import failures, processes, profile
 from epd_operator.local import plan as local_plan
-from epd_operator.local import processes, profile
+from epd_operator.local.failures import LogWatch
 
 pytestmark = pytest.mark.unit
 
@@ -40,7 +45,8 @@ def _deployment(tmp_path: Path) -> processes.LocalDeployment:
     local = processes.LocalDeployment(plan, tmp_path, Path("python"), say=lambda line: None)
     for pid, instance in enumerate(plan.instances, start=100):
         popen: Any = _Popen(pid)
-        local.running.append(processes.Running(instance, popen, tmp_path / f"{instance.name}.log", 0.0))
+        log = tmp_path / f"{instance.name}.log"
+        local.running.append(processes.Running(instance, popen, log, 0.0, LogWatch(log)))
     return local
 
 
@@ -61,7 +67,7 @@ def test_restart_starts_the_same_instance_again_in_its_place(tmp_path: Path, mon
     def fake_start(instance: local_plan.Instance, *, again: bool = False) -> processes.Running:
         started.append((instance.name, again))
         popen: Any = _Popen(999)
-        return processes.Running(instance, popen, old.log, 1.0)
+        return processes.Running(instance, popen, old.log, 1.0, LogWatch(old.log))
 
     monkeypatch.setattr(local, "_start", fake_start)
     monkeypatch.setattr(local, "wait_ready", lambda deadline_s, runs: waited.append([r.name for r in runs]))
@@ -91,3 +97,93 @@ def test_the_argv_of_a_restart_is_the_argv_of_the_start(tmp_path: Path, monkeypa
     assert calls[0] == calls[1]
     assert again.log == first.log
     assert again.log.read_text().startswith("first life\n--- epd-local: restarted local-e-p-d-master ---")
+
+
+HANGS_AFTER = "import sys, time; print({line!r}, flush=True); time.sleep(600)"
+"""A process that logs `line` and then hangs, as vLLM's API server does when its engine core died while starting."""
+
+
+def _hanging(tmp_path: Path, local: processes.LocalDeployment, name: str, line: str) -> processes.Running:
+    instance = local.get(name).instance
+    log = tmp_path / f"{name}-real.log"
+    with log.open("wb") as out:
+        popen = subprocess.Popen(
+            [sys.executable, "-c", HANGS_AFTER.format(line=line)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return processes.Running(instance, popen, log, time.monotonic(), LogWatch(log))
+
+
+def test_an_instance_whose_log_says_the_engine_died_fails_at_once_and_is_stopped(tmp_path: Path) -> None:
+    local = _deployment(tmp_path)
+    run = _hanging(tmp_path, local, "local-e-p-d-prefill", "ERROR [core.py:1510] EngineCore failed to start.")
+    begun = time.monotonic()
+    with pytest.raises(processes.StartError) as failed:
+        local.wait_ready(deadline_s=300, runs=[run])
+    assert str(failed.value).startswith(
+        "local-e-p-d-prefill (prefill) failed before it was ready: its log says "
+        "'ERROR [core.py:1510] EngineCore failed to start.'"
+    )
+    assert "EngineCore failed to start." in failed.value.log_tail
+    assert time.monotonic() - begun < 60, "it waited for the process instead of stopping it"
+    assert not run.alive()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(run.popen.pid, 0)  # the whole group is gone
+
+
+def test_a_running_instance_that_logs_a_fatal_error_is_failed(tmp_path: Path) -> None:
+    local = _deployment(tmp_path)
+    local.running[:] = [_hanging(tmp_path, local, "local-e-p-d-decode", "Fatal Python error: Illegal instruction")]
+    try:
+        deadline = time.monotonic() + 30
+        while not (failed := local.failed()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [(run.name, why) for run, why in failed] == [
+            ("local-e-p-d-decode", "its log says 'Fatal Python error: Illegal instruction'")
+        ]
+    finally:
+        local.stop()
+
+
+def test_a_restart_reads_only_its_own_life_of_the_log(tmp_path: Path) -> None:
+    log = tmp_path / "log.txt"
+    log.write_text("EngineCore encountered a fatal error.\n--- epd-local: restarted x ---\n")
+    again = LogWatch(log, offset=log.stat().st_size)
+    assert again.fatal() is None
+    with log.open("a") as out:
+        out.write("INFO serving\nEngine core initialization failed. See root cause above.")
+    assert again.fatal() is None, "a line still being written is not read yet"
+    with log.open("a") as out:
+        out.write("\n")
+    assert again.fatal() == "Engine core initialization failed. See root cause above."
+
+
+@pytest.mark.parametrize(
+    ("log", "line"),
+    [
+        (
+            "INFO ready\nERROR 12-01 [core.py:1510] EngineCore failed to start.\nTraceback ...",
+            "EngineCore failed to start.",
+        ),
+        ("ERROR [core.py:1512] EngineCore encountered a fatal error.\n", "EngineCore encountered a fatal error."),
+        (
+            "RuntimeError: Engine core initialization failed. See root cause above.",
+            "Engine core initialization failed.",
+        ),
+        ("Fatal Python error: Illegal instruction\n\nThread 0x01", "Fatal Python error: Illegal instruction"),
+        ("INFO Application startup complete.\nWARNING an EngineCore warning", None),
+    ],
+    ids=["start", "serving", "api-server", "signal", "healthy"],
+)
+def test_the_fatal_line_of_a_vllm_log(log: str, line: str | None) -> None:
+    found = failures.fatal_line(log)
+    assert (found is None) if line is None else (found is not None and line in found)
+
+
+def test_a_failure_names_the_exit_and_what_the_log_said() -> None:
+    assert failures.failure(None, None) is None
+    assert failures.failure(1, None) == "exited with code 1"
+    assert failures.failure(None, "X") == "its log says 'X'"
+    assert failures.failure(-4, "X") == "exited with code -4; its log says 'X'"

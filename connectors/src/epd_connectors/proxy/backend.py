@@ -30,6 +30,18 @@ def loads(data: bytes | str) -> Any:
     return orjson.loads(data)
 
 
+def backend_message(payload: bytes, limit: int = 500) -> str:
+    """What an instance's error answer says: the message of an OpenAI-style error body (vLLM's
+    ``{"error": {"message": ...}}``), otherwise the body's text; at most `limit` characters."""
+    try:
+        error = loads(payload).get("error")
+        message = error.get("message") if isinstance(error, dict) else None
+    except (orjson.JSONDecodeError, AttributeError):
+        message = None
+    text = message if isinstance(message, str) and message else payload.decode(errors="replace")
+    return text[:limit]
+
+
 class Backend:
     """The proxy's HTTP client; `start` in the app's lifespan, `close` at its end."""
 
@@ -71,7 +83,7 @@ class Backend:
             raise from_client_error(exc, role, url) from exc
         finally:
             response.release()
-        text = payload[:500].decode(errors="replace")
+        text = backend_message(payload)
         if response.status >= 500:
             raise BackendUnavailableError(f"{role} {url} answered {response.status}: {text}")
         raise BackendRejectedError(f"{role} {url} answered {response.status}: {text}", response.status, payload)

@@ -96,11 +96,11 @@ def run(args: argparse.Namespace) -> int:
             if args.once:
                 return 0
             say("serving; Ctrl-C stops everything")
-            while not (dead := local.dead()):
+            while not (failed := local.failed()):
                 time.sleep(1)
-            run_ = dead[0]
-            say(f"{run_.name} exited with code {run_.popen.returncode}; stopping all; log {run_.log}")
-            print(run_.tail(), flush=True)
+            culprit, why = failed[0]
+            say(f"{culprit.describe_failure(why)}; stopping all. The end of its log:")
+            print(culprit.tail(), flush=True)
             return 1
     except processes.StartError as exc:
         say(f"error: {exc}")

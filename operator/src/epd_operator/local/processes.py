@@ -24,7 +24,10 @@ from pathlib import Path
 from typing import Final
 
 from epd_connectors.launch.plan import POD_IP_ENV
+from epd_connectors.vllm_plugins.cpu_amx_tiles import isa_choices
+from epd_operator.local import failures
 from epd_operator.local import plan as local_plan
+from epd_operator.local.failures import LogWatch
 from epd_operator.local.plan import POD_IP, Instance, LocalPlan, Readiness
 from epd_operator.local.profile import LocalProfile
 
@@ -36,6 +39,8 @@ DEFAULT_START_DEADLINE_S: Final = 900.0
 STOP_GRACE_S: Final = 20.0
 """Seconds between SIGTERM and SIGKILL."""
 PROGRESS_EVERY_S: Final = 15.0
+FATAL_SETTLE_S: Final = 2.0
+"""After a fatal log line, how long the instance may take to write the rest (its traceback) or to exit."""
 PORT_RANGE: Final = (20000, 32000)
 """Where an address plan starts (below Linux's ephemeral ports, so the kernel's own picks never collide)."""
 PLAN_ATTEMPTS: Final = 20
@@ -57,6 +62,8 @@ class Running:
     popen: subprocess.Popen[bytes]
     log: Path
     started: float
+    watch: LogWatch
+    """Reads this life's part of the log (a restart appends to the same file)."""
     ready_after: float | None = None
 
     @property
@@ -65,6 +72,14 @@ class Running:
 
     def alive(self) -> bool:
         return self.popen.poll() is None
+
+    def failure(self) -> str | None:
+        """Why the instance has failed, or None: it exited, or its log says a vLLM process of it died (its API
+        server may live on, see `failures`)."""
+        return failures.failure(self.popen.poll(), self.watch.fatal())
+
+    def describe_failure(self, why: str) -> str:
+        return f"{self.name} ({self.instance.role.value}) {why}; log {self.log}"
 
     def tail(self, lines: int = 40) -> str:
         text = self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -129,6 +144,13 @@ def plan_on_free_ports(
     raise local_plan.LocalPlanError([f"ports from {base}: kept finding ports in use. Fix: pass --base-port"])
 
 
+def attention_note(log: Path, offset: int) -> str:
+    """ " (attention isa=...)" when the log from `offset` on says which CPU attention kernels vLLM chose."""
+    life = log.read_bytes()[offset:] if log.exists() else b""
+    choices = dict.fromkeys(isa_choices(life.decode(errors="replace")))
+    return f" (attention isa={'; isa='.join(choices)})" if choices else ""
+
+
 @dataclass
 class LocalDeployment:
     """The processes of one plan. Use as a context manager, or call `stop()` yourself."""
@@ -180,12 +202,13 @@ class LocalDeployment:
             if again:
                 out.write(f"--- epd-local: restarted {instance.name} ---\n".encode())
                 out.flush()
+            watch = LogWatch(log, offset=out.tell())
             popen = subprocess.Popen(  # stopped by stop(); its own session, so its group can be signalled
                 argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=folder, start_new_session=True
             )
         what = "restarted" if again else "started"
         self.say(f"{what} {instance.name} ({instance.role.value}, {instance.ready.describe()}), log {log}")
-        return Running(instance, popen, log, time.monotonic())
+        return Running(instance, popen, log, time.monotonic(), watch)
 
     def get(self, name: str) -> Running:
         """The running instance called `name` (KeyError naming the known ones otherwise)."""
@@ -215,26 +238,27 @@ class LocalDeployment:
 
     def wait_ready(self, deadline_s: float = DEFAULT_START_DEADLINE_S, runs: list[Running] | None = None) -> None:
         """Until every started instance (or each of `runs`) is ready; progress lines while waiting; StartError
-        for the first one that exits or misses the deadline."""
+        for the first one that fails (exits, or logs that vLLM's engine died: it is stopped at once, never
+        waited for) or misses the deadline."""
         pending = list(self.running if runs is None else runs)
         last_note = time.monotonic()
         while pending:
             for run in list(pending):
                 elapsed = time.monotonic() - run.started
+                if (why := run.failure()) is not None:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        run.popen.wait(timeout=FATAL_SETTLE_S)  # the rest of its traceback
+                    run.stop()
+                    raise StartError(run.describe_failure(f"failed before it was ready: {why}"), run.tail())
                 if is_ready(run.instance.ready):
                     run.ready_after = elapsed
                     pending.remove(run)
-                    self.say(f"ready   {run.name} after {elapsed:.0f}s")
-                elif not run.alive():
-                    raise StartError(
-                        f"{run.name} ({run.instance.role.value}) exited with code {run.popen.returncode} before "
-                        f"it was ready; log {run.log}",
-                        run.tail(),
+                    self.say(
+                        f"ready   {run.name} after {elapsed:.0f}s{attention_note(run.log, run.watch.offset_at_start)}"
                     )
                 elif elapsed > deadline_s:
                     raise StartError(
-                        f"{run.name} ({run.instance.role.value}) not ready after {deadline_s:.0f}s at "
-                        f"{run.instance.ready.describe()}; log {run.log}",
+                        run.describe_failure(f"not ready after {deadline_s:.0f}s at {run.instance.ready.describe()}"),
                         run.tail(),
                     )
             if pending and time.monotonic() - last_note >= PROGRESS_EVERY_S:
@@ -244,9 +268,9 @@ class LocalDeployment:
             if pending:
                 time.sleep(0.5)
 
-    def dead(self) -> list[Running]:
-        """Instances that have exited since they started."""
-        return [run for run in self.running if not run.alive()]
+    def failed(self) -> list[tuple[Running, str]]:
+        """Instances that have failed since they started (exited, or logged a vLLM engine's death), with why."""
+        return [(run, why) for run in self.running if (why := run.failure()) is not None]
 
     def stop(self) -> None:
         """Stop everything this deployment started: the proxy and the vLLM roles together, then the store

@@ -25,9 +25,11 @@ CPU_VLLM_ENV: Final = {
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
     "TOKENIZERS_PARALLELISM": "false",
+    "PYTHONFAULTHANDLER": "1",
 }
-"""Threads not pinned (instances share the cores), no model hub, no usage reports. No VLLM_CPU_KVCACHE_SPACE:
-the KV size comes from LocalProfile.kv_cache_bytes, which that variable would override."""
+"""Threads not pinned (instances share the cores), no model hub, no usage reports, and a Python traceback in the
+log when a process dies of a signal (a kernel's SIGILL or SIGSEGV; local.failures reads that line). No
+VLLM_CPU_KVCACHE_SPACE: the KV size comes from LocalProfile.kv_cache_bytes, which that variable would override."""
 
 
 @dataclass(frozen=True)

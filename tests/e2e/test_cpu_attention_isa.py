@@ -1,0 +1,53 @@
+"""vLLM's CPU paged attention on this machine's CPU, one decode step in a fresh process (amx_attention_probe.py):
+the crash of issue 11 at its smallest, its cause and its cure, in seconds instead of a deployment.
+
+- Every ISA this CPU can run equals a float32 attention computed by torch (within bf16 rounding). The "amx" case
+  runs only on a CPU with AMX tiles, after cpu_amx_tiles' permission request, as vLLM's worker runs it with the
+  plugin: on an AMX CPU that is the fix; on any other CPU vLLM never picks "amx", and the case is skipped.
+- Without the request the "amx" kernel dies of SIGILL at its first tile instruction on every CPU: on an AMX CPU
+  because Linux has not given the process AMX tile state (the cause), elsewhere because the CPU has no AMX (so
+  the probe does reach the tile instructions, and the AMX machine's pass above means something).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import REPO
+from tests.e2e.cpu import has_amx_tiles
+
+pytestmark = pytest.mark.e2e
+
+PROBE = REPO / "tests" / "e2e" / "amx_attention_probe.py"
+BF16_TOLERANCE = 0.02
+"""Largest difference from the float32 reference allowed: bf16 keeps 8 bits of mantissa (measured: 0.0019)."""
+
+
+def probe(python: Path, isa: str, *, request_permission: bool) -> tuple[int, list[dict[str, Any]], str]:
+    argv = [str(python), str(PROBE), isa] + (["--request-permission"] if request_permission else [])
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    return result.returncode, lines, result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("isa", ["vec", "vec16", "amx"])
+def test_each_attention_isa_the_cpu_can_run_equals_a_float32_attention(e2e_python: Path, isa: str) -> None:
+    if isa == "amx" and not has_amx_tiles():
+        pytest.skip("this CPU has no AMX tiles, so vLLM never chooses the amx kernels here")
+    code, lines, stderr = probe(e2e_python, isa, request_permission=True)
+    assert code == 0, f"the {isa} probe exited with {code}: {lines}\n{stderr}"
+    if isa == "amx":
+        assert lines[0]["permission"].startswith("granted"), lines
+    assert lines[-1]["max_abs_error"] < BF16_TOLERANCE, lines
+
+
+def test_without_the_permission_request_the_amx_kernel_dies_of_sigill(e2e_python: Path) -> None:
+    code, lines, stderr = probe(e2e_python, "amx", request_permission=False)
+    assert {"isa": "amx", "attention": "starting"} in lines, f"the probe failed before the kernel: {stderr}"
+    assert code == -signal.SIGILL, f"the amx kernel without AMX permission ended with {code}: {lines}\n{stderr}"

@@ -12,7 +12,8 @@ KUBECONFIG_PATH := .run/cluster/kubeconfig
 export PATH := $(CURDIR)/$(BIN_DIR):$(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: help setup setup-apt setup-python setup-k8s-tools lint fmt test test-fast test-unit test-cluster test-store \
-        setup-e2e test-e2e cluster-up cluster-down cluster-status demo demo-local bench clean crds images
+        setup-e2e test-e2e cluster-up cluster-down cluster-status demo demo-local bench clean crds images images-test \
+        test-images
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -41,18 +42,22 @@ fmt: setup-python ## format the code
 crds: setup-python ## regenerate crds/ from the API models
 	$(PY) -m epd_operator.api > crds/epddeployments.yaml
 
-images: ## build the container images (images/); without a Docker engine, say so and build nothing
+images: ## build every image of images/, both flavours (Docker if its engine answers, else buildah: no daemon)
 	@images/build.sh
+
+IMAGES_TESTED := operator proxy mooncake
+images-test: setup-apt ## build the images the tests run (only those whose inputs changed)
+	@IMAGES="$(IMAGES_TESTED)" FLAVORS=cpu images/build.sh
 
 # Two pytest runs, so the control plane and Mooncake processes of the first are gone before vLLM starts; both
 # always run (one CI pass reports every tier) and the target fails if either did.
-test: setup setup-e2e ## every tier: unit, proxy, store, cluster, then e2e (real vLLM; installs .venv-e2e, ~6 GB)
+test: setup setup-e2e images-test ## every tier: unit, proxy, store, cluster, images, then e2e (real vLLM; installs .venv-e2e, ~6 GB)
 	@rc=0; \
 	$(PYTEST) -m "not e2e" || rc=$$?; \
 	EPD_E2E_VENV=$(VENV_E2E) $(PYTEST) -m e2e || rc=$$?; \
 	exit $$rc
 
-test-fast: setup ## every tier but e2e: unit, proxy, store (real Mooncake), cluster (real control plane)
+test-fast: setup images-test ## every tier but e2e: unit, proxy, store (real Mooncake), cluster (real control plane), images
 	$(PYTEST) -m "not e2e"
 
 test-unit: setup-python ## the quick pure tests only
@@ -63,6 +68,9 @@ test-store: setup ## tests against real mooncake_master / mooncake_client proces
 
 test-cluster: setup ## tests against the local control plane
 	$(PYTEST) -m cluster
+
+test-images: setup images-test ## the built images run as podman containers from rendered pod templates
+	$(PYTEST) -m images
 
 setup-e2e: ## .venv-e2e: the CPU build of vLLM (5.4 GB, pinned) and the tiny test model (idempotent)
 	@hack/setup-e2e.sh $(VENV_E2E)

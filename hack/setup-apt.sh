@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Debian packages the tests need. Idempotent and quick when everything is present.
-#   libibverbs1: every Mooncake binary links libibverbs.so.1, even with the TCP transport.
+# Debian packages the tests need, and any named as arguments. Idempotent and quick when everything is present.
+#   libibverbs1, libcurl4: every Mooncake binary links libibverbs.so.1 (even with the TCP transport) and libcurl.
 #   iproute2:    per-role network namespaces for local runs.
+# images/build.sh adds what a daemonless image build and its tests need (buildah, mmdebstrap, runc, podman).
 set -euo pipefail
-packages=(libibverbs1 iproute2)
+packages=(libibverbs1 libcurl4 iproute2 "$@")
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,24 +1,109 @@
 #!/usr/bin/env bash
-# Build every image of images.txt, in its order, from the repository root (`make images`).
+# Build the images of images.txt, in its order, from the repository root (`make images`).
 #   REGISTRY=<host/path>  put in front of every tag (also the role images' BASE_IMAGE); default: none
-#   REQUIRE_DOCKER=1      fail, instead of only saying so, when no Docker engine answers
+#   IMAGES="proxy mooncake"  only these folders (default: all of images.txt)
+#   FLAVORS="gpu cpu"     the flavours of the vLLM images (vllm and the role images) to build; the others have one
+#   BUILDER=docker|buildah  default: docker when its engine answers, else buildah (daemonless; installed from
+#                         Debian's packages by hack/setup-apt.sh, with podman to run them), which makes the
+#                         Python base here too
+# With buildah the machine's package-index settings and CA bundle are lent to the RUN steps (bind mounts, never
+# in a layer) and a CPU build reuses the pip cache setup-e2e filled. An image is rebuilt only when its inputs
+# (Dockerfile, the sources it copies, its build arguments, its base) changed: a stamp per image holds their hash.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! command -v docker >/dev/null 2>&1 || ! docker info >/dev/null 2>&1; then
-  echo "images: no Docker engine answers here (docker info failed): nothing was built." >&2
-  echo "images: the Dockerfiles are checked without building by tests/unit/packaging/test_images.py." >&2
-  [ "${REQUIRE_DOCKER:-0}" = "1" ] && exit 1
-  exit 0
-fi
 prefix=${REGISTRY:+${REGISTRY%/}/}
-base=""
-while read -r folder tag; do
-  case "$folder" in ''|'#'*) continue ;; esac
-  args=(--file "images/$folder/Dockerfile" --tag "$prefix$tag")
-  [ "$folder" = vllm ] && base="$prefix$tag"
-  if grep -q '^ARG BASE_IMAGE=' "images/$folder/Dockerfile"; then
-    args+=(--build-arg "BASE_IMAGE=$base")
+flavors=${FLAVORS:-gpu cpu}
+only=${IMAGES:-}
+stamps=.cache/images
+mkdir -p "$stamps"
+
+builder=${BUILDER:-}
+if [ -z "$builder" ]; then
+  if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then builder=docker; else builder=buildah; fi
+fi
+python_base=""  # docker: the Dockerfiles' default (the official image); buildah: made here
+if [ "$builder" = buildah ]; then
+  hack/setup-apt.sh buildah mmdebstrap runc podman
+  python_base=localhost/epd/python-base:3.11-bookworm
+  images/python-base.sh "$python_base"
+fi
+
+image_id() {
+  if [ "$builder" = docker ]; then docker image inspect --format '{{.Id}}' "$1"; else buildah inspect --type image --format '{{.FromImageID}}' "$1"; fi
+}
+image_size() {
+  if [ "$builder" = docker ]; then docker image inspect --format '{{.Size}}' "$1"
+  else buildah images --noheading --format '{{.Size}}' "$1" | head -n 1; fi
+}
+
+# The files a Dockerfile COPYs from the context (not --from a stage), as git sees them, changes included.
+copied_sources() {
+  awk 'toupper($1) == "COPY" { for (i = 2; i < NF; i++) if ($i !~ /^--/) print $i }' "$1" |
+    while read -r src; do git ls-files --cached --others --exclude-standard -- "$src"; done | sort -u
+}
+
+# Lent to every RUN step by buildah (read-only bind mounts; nothing of them is committed).
+lent=()
+for path in /etc/pip.conf /etc/ssl/certs/ca-certificates.crt /etc/apt/sources.list /etc/apt/sources.list.d \
+            /etc/apt/apt.conf.d /etc/apt/auth.conf.d; do
+  [ -e "$path" ] && lent+=(--volume "$path:$path:ro")
+done
+pip_cache=${PIP_CACHE_DIR:-$HOME/.cache/pip}
+
+# build FOLDER TAG FLAVOR BASE_IMAGE: a vLLM image's flavour and version (its tag's, less "-cpu") are build args.
+build() {
+  local folder=$1 tag=$2 flavor=$3 base=$4 file="images/$1/Dockerfile"
+  local args=(--file "$file" --tag "$tag")
+  [ -n "$python_base" ] && grep -q '^ARG PYTHON_IMAGE=' "$file" && args+=(--build-arg "PYTHON_IMAGE=$python_base")
+  grep -q '^ARG BASE_IMAGE=' "$file" && args+=(--build-arg "BASE_IMAGE=$base")
+  local flavored=""
+  grep -q '^ARG FLAVOR=' "$file" && flavored=1 && args+=(--build-arg "FLAVOR=$flavor")
+  local version=${tag##*:}
+  grep -q '^ARG VLLM_VERSION=' "$file" && args+=(--build-arg "VLLM_VERSION=${version%-cpu}")
+  local base_id=""
+  [ -n "$base" ] && base_id=$(image_id "$base")
+  [ -n "$python_base" ] && base_id+=" $(image_id "$python_base")"
+  local want stamp="$stamps/${folder}-${flavor}.stamp"
+  want=$( (cat "$file" "$0"; copied_sources "$file" | xargs -r sha256sum; echo "$builder ${args[*]} $base_id") |
+          sha256sum | cut -d' ' -f1)
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && image_id "$tag" >/dev/null 2>&1; then
+    echo "images: $tag is current"
+    return 0
   fi
-  echo "images: building $prefix$tag"
-  DOCKER_BUILDKIT=1 docker build "${args[@]}" .
-done < images/images.txt
+  echo "images: building $tag ($builder${flavored:+, $flavor flavour})"
+  local start=$SECONDS
+  if [ "$builder" = docker ]; then
+    DOCKER_BUILDKIT=1 docker build "${args[@]}" .
+  else
+    local mounts=("${lent[@]}")
+    [ "$flavor" = cpu ] && [ -d "$pip_cache" ] && mounts+=(--volume "$pip_cache:/var/cache/epd-pip")
+    # No --layers: buildah 1.28 then skips a cached stage that a later RUN --mount=type=bind,from= needs.
+    buildah bud --isolation chroot "${mounts[@]}" "${args[@]}" . 2>&1 |
+      sed -u -e 's/^/    /'
+  fi
+  echo "$want" > "$stamp"
+  echo "images: $tag built in $((SECONDS - start)) s, $(image_size "$tag")"
+}
+
+rows=$(grep -v -e '^#' -e '^[[:space:]]*$' images/images.txt)
+declare -A vllm_base=(
+  [gpu]=$prefix$(awk '$1 == "vllm" { print $2 }' <<<"$rows")
+  [cpu]=$prefix$(awk '$1 == "vllm" { print $3 }' <<<"$rows")
+)
+while read -r folder tag cpu_tag; do
+  [ -n "$only" ] && ! [[ " $only " == *" $folder "* ]] && continue
+  if [ -z "${cpu_tag:-}" ]; then
+    build "$folder" "$prefix$tag" gpu ""
+    continue
+  fi
+  for flavor in $flavors; do
+    t=$prefix$tag
+    [ "$flavor" = cpu ] && t=$prefix$cpu_tag
+    base=""
+    [ "$folder" = vllm ] || base=${vllm_base[$flavor]}
+    build "$folder" "$t" "$flavor" "$base"
+  done
+done <<<"$rows"
+# What a rebuild left behind untagged (the stamps, not buildah's layer cache, decide what is rebuilt).
+[ "$builder" = buildah ] && buildah rmi --prune >/dev/null 2>&1
+exit 0

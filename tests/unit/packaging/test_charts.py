@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from epd_operator.api.resource import OperatorDefaults
-from tests.unit.packaging import deployment_schema
+from tests.unit.packaging import deployment_schema, image_list
 
 pytestmark = pytest.mark.unit
 
@@ -62,10 +62,7 @@ def test_operator_chart_defaults_are_the_operators() -> None:
     assert values["defaults"]["gpuResource"] == defaults.gpu_resource
     version = tomllib.loads((REPO / "operator" / "pyproject.toml").read_text())["project"]["version"]
     assert chart["appVersion"] == version
-    listed = dict(
-        line.split() for line in (REPO / "images" / "images.txt").read_text().splitlines() if line[:1].isalpha()
-    )
-    assert f"{values['image']['repository']}:{chart['appVersion']}" == listed["operator"]
+    assert f"{values['image']['repository']}:{chart['appVersion']}" == image_list.tags()["operator"]
 
 
 def test_operator_values_are_all_in_its_schema() -> None:

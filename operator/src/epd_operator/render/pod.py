@@ -90,7 +90,11 @@ def pod_template(ctx: Context, params: PodParams) -> dict[str, Any]:
         "image": params.image,
         "command": ["epd-launch", unit.role, "--bundle", BUNDLE_PATH],
         "env": _env(),
-        "ports": [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in params.ports.items()],
+        # The site's port for each (a cluster's fixed one), so the port the container declares and probes is
+        # the one its bundle binds on every site.
+        "ports": [
+            {"name": n, "containerPort": ctx.port(unit.name, n, p), "protocol": "TCP"} for n, p in params.ports.items()
+        ],
         "resources": params.resources,
         "readinessProbe": params.probes.readiness,
         "livenessProbe": params.probes.liveness,

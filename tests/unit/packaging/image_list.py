@@ -1,0 +1,23 @@
+"""images/images.txt as the packaging tests read it: one row per image folder, in build order."""
+
+from __future__ import annotations
+
+import pathlib
+
+IMAGES_TXT = pathlib.Path(__file__).resolve().parents[3] / "images" / "images.txt"
+
+
+def rows() -> list[list[str]]:
+    """[folder, tag] or [folder, tag, cpu tag], in build order."""
+    lines = IMAGES_TXT.read_text().splitlines()
+    return [line.split() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def tags() -> dict[str, str]:
+    """folder -> tag (the GPU, default flavour), in build order."""
+    return {row[0]: row[1] for row in rows()}
+
+
+def cpu_tags() -> dict[str, str]:
+    """folder -> the CPU flavour's tag, for the images that have one."""
+    return {row[0]: row[2] for row in rows() if len(row) == 3}

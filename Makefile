@@ -13,7 +13,7 @@ export PATH := $(CURDIR)/$(BIN_DIR):$(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: help setup setup-apt setup-python setup-k8s-tools lint fmt test test-fast test-unit test-cluster test-store \
         setup-e2e test-e2e cluster-up cluster-down cluster-status demo demo-local bench clean crds images images-test \
-        test-images
+        images-test-vllm test-images
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -45,13 +45,15 @@ crds: setup-python ## regenerate crds/ from the API models
 images: ## build every image of images/, both flavours (Docker if its engine answers, else buildah: no daemon)
 	@images/build.sh
 
-IMAGES_TESTED := operator proxy mooncake
-images-test: setup-apt ## build the images the tests run (only those whose inputs changed)
-	@IMAGES="$(IMAGES_TESTED)" FLAVORS=cpu images/build.sh
+images-test: setup-apt ## build the operator, proxy and Mooncake images the tests run (only what changed)
+	@IMAGES="operator proxy mooncake" images/build.sh
+
+images-test-vllm: setup-apt setup-e2e ## build the CPU flavour of the vLLM image the e2e tier runs (from the pip cache)
+	@IMAGES=vllm FLAVORS=cpu images/build.sh
 
 # Two pytest runs, so the control plane and Mooncake processes of the first are gone before vLLM starts; both
 # always run (one CI pass reports every tier) and the target fails if either did.
-test: setup setup-e2e images-test ## every tier: unit, proxy, store, cluster, images, then e2e (real vLLM; installs .venv-e2e, ~6 GB)
+test: setup setup-e2e images-test images-test-vllm ## every tier: unit, proxy, store, cluster, images, then e2e (real vLLM; installs .venv-e2e, ~6 GB)
 	@rc=0; \
 	$(PYTEST) -m "not e2e" || rc=$$?; \
 	EPD_E2E_VENV=$(VENV_E2E) $(PYTEST) -m e2e || rc=$$?; \
@@ -75,7 +77,7 @@ test-images: setup images-test ## the built images run as podman containers from
 setup-e2e: ## .venv-e2e: the CPU build of vLLM (5.4 GB, pinned) and the tiny test model (idempotent)
 	@hack/setup-e2e.sh $(VENV_E2E)
 
-test-e2e: setup-apt setup-python setup-e2e ## tests against real vLLM (CPU build) serving the tiny model
+test-e2e: setup-apt setup-python setup-e2e images-test images-test-vllm ## tests against real vLLM (CPU build) serving the tiny model
 	EPD_E2E_VENV=$(VENV_E2E) $(PYTEST) -m e2e
 
 cluster-up: setup ## start the local control plane; kubeconfig at .run/cluster/kubeconfig

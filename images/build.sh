@@ -64,7 +64,7 @@ build() {
   [ -n "$base" ] && base_id=$(image_id "$base")
   [ -n "$python_base" ] && base_id+=" $(image_id "$python_base")"
   local want stamp="$stamps/${folder}-${flavor}.stamp"
-  want=$( (cat "$file" "$0"; copied_sources "$file" | xargs -r sha256sum; echo "$builder ${args[*]} $base_id") |
+  want=$( (cat "$file"; copied_sources "$file" | xargs -r sha256sum; echo "$builder ${args[*]} $base_id") |
           sha256sum | cut -d' ' -f1)
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && image_id "$tag" >/dev/null 2>&1; then
     echo "images: $tag is current"
@@ -78,7 +78,7 @@ build() {
     local mounts=("${lent[@]}")
     [ "$flavor" = cpu ] && [ -d "$pip_cache" ] && mounts+=(--volume "$pip_cache:/var/cache/epd-pip")
     # No --layers: buildah 1.28 then skips a cached stage that a later RUN --mount=type=bind,from= needs.
-    buildah bud --isolation chroot "${mounts[@]}" "${args[@]}" . 2>&1 |
+    buildah bud --isolation chroot --no-cache --force-rm "${mounts[@]}" "${args[@]}" . 2>&1 |
       sed -u -e 's/^/    /'
   fi
   echo "$want" > "$stamp"
@@ -105,5 +105,4 @@ while read -r folder tag cpu_tag; do
   done
 done <<<"$rows"
 # What a rebuild left behind untagged (the stamps, not buildah's layer cache, decide what is rebuilt).
-[ "$builder" = buildah ] && buildah rmi --prune >/dev/null 2>&1
-exit 0
+if [ "$builder" = buildah ]; then buildah rmi --prune >/dev/null 2>&1 || true; fi

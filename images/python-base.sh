@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Dockerfiles' Python base made here from Debian's packages, for machines that reach no image registry:
-# a Debian bookworm minbase with python3 and ca-certificates (mmdebstrap), and a venv over /usr/local, so python
-# and pip are in /usr/local/bin as in the official python:3.11-slim. Its apt sources are Debian's public ones, as
+# a Debian bookworm minbase with python3, its C headers and ca-certificates (mmdebstrap), and a venv over
+# /usr/local, so python and pip are in /usr/local/bin as in the official python:3.11-slim, which has the headers
+# too (torch inductor compiles against Python.h at run time; vLLM's sampler uses it on the CPU). Its apt sources are Debian's public ones, as
 # in that image: the machine's own package-index settings are lent to RUN steps by build.sh, never kept.
 #   images/python-base.sh TAG   build TAG with buildah (only when this script changed; a stamp holds its hash)
 set -euo pipefail
@@ -24,7 +25,7 @@ cleanup() {
 }
 trap cleanup EXIT
 # The host's apt sources fetch the packages; the rootfs keeps Debian's public sources instead.
-mmdebstrap --quiet --variant=minbase --include=python3,python3-venv,ca-certificates \
+mmdebstrap --quiet --variant=minbase --include=python3,python3-venv,libpython3.11-dev,ca-certificates \
   --customize-hook='rm -f "$1"/etc/apt/sources.list "$1"/etc/apt/sources.list.d/*' \
   --customize-hook='printf "%s\n" "Types: deb" "URIs: http://deb.debian.org/debian" \
       "Suites: bookworm bookworm-updates" "Components: main" \

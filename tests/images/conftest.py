@@ -80,9 +80,11 @@ class Container:
     name: str
     ready_url: str | None
 
-    def logs(self) -> str:
+    def logs(self, limit: int | None = 6000) -> str:
+        """Its output (the end, `limit` characters; None: all)."""
         result = podman("logs", self.name, check=False)
-        return (result.stdout + result.stderr)[-6000:]
+        text = result.stdout + result.stderr
+        return text if limit is None else text[-limit:]
 
     def running(self) -> bool:
         state = podman("inspect", "--format", "{{.State.Running}}", self.name, check=False)

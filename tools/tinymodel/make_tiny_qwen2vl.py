@@ -230,6 +230,14 @@ def file_hashes(folder: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
 
 
+def readable_by_all(folder: Path) -> None:
+    """The folder 0755 and its files 0644 (mkdtemp makes 0700): pods mount it as their model volume and read it
+    as user 10001, not as the owner."""
+    folder.chmod(0o755)
+    for path in folder.iterdir():
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--out", type=Path, help="build into this folder instead of the cache (always rebuilds)")
@@ -245,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         staging = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
         try:
             build(staging, args.quiet)
+            readable_by_all(staging)
             if target.exists():
                 shutil.rmtree(target)
             staging.rename(target)  # atomic: a concurrent reader sees no half-written model

@@ -13,7 +13,7 @@ export PATH := $(CURDIR)/$(BIN_DIR):$(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: help setup setup-apt setup-python setup-k8s-tools lint fmt test test-fast test-unit test-cluster test-store \
         setup-e2e test-e2e cluster-up cluster-down cluster-status demo demo-local bench clean crds images images-test \
-        images-test-vllm test-images
+        images-test-vllm images-resolve-gpu test-images
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -51,9 +51,12 @@ images-test: setup-apt ## build the operator, proxy and Mooncake images the test
 images-test-vllm: setup-apt setup-e2e ## build the CPU flavour of the vLLM image the e2e tier runs (from the pip cache)
 	@IMAGES=vllm FLAVORS=cpu images/build.sh
 
+images-resolve-gpu: setup-python ## pip's resolver (dry run) over the GPU vLLM image's exact requirements
+	@images/resolve-gpu.sh $(PY)
+
 # Two pytest runs, so the control plane and Mooncake processes of the first are gone before vLLM starts; both
 # always run (one CI pass reports every tier) and the target fails if either did.
-test: setup setup-e2e images-test images-test-vllm ## every tier: unit, proxy, store, cluster, images, then e2e (real vLLM; installs .venv-e2e, ~6 GB)
+test: setup setup-e2e images-test images-test-vllm images-resolve-gpu ## every tier: unit, proxy, store, cluster, images, then e2e (real vLLM; installs .venv-e2e, ~6 GB)
 	@rc=0; \
 	$(PYTEST) -m "not e2e" || rc=$$?; \
 	EPD_E2E_VENV=$(VENV_E2E) $(PYTEST) -m e2e || rc=$$?; \

@@ -18,9 +18,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from epd_operator.render.pod import RUN_AS_USER
+
 LOOPBACK = "127.0.0.1"
 ULIMITS = ("nofile=16384:16384", "nproc=16384:16384")
 """Below this machine's hard limits (podman's defaults are above them, and the sandbox lacks CAP_SYS_RESOURCE)."""
+
+
+def locked_down(network: str) -> list[str]:
+    """`podman run` options for a container as the pods run them, when no pod template says more: user and group
+    10001, read-only root (no tmpfs of podman's own), every capability dropped, no privilege escalation."""
+    options = ["--network", network, "--user", f"{RUN_AS_USER}:{RUN_AS_USER}", "--read-only", "--read-only-tmpfs=false"]
+    options += ["--cap-drop=ALL", "--security-opt", "no-new-privileges"]
+    return options + [arg for limit in ULIMITS for arg in ("--ulimit", limit)]
 
 
 class UntranslatableError(ValueError):

@@ -31,8 +31,7 @@ VERSION_SCRIPT = "import importlib.metadata as m, json, sys; print(json.dumps({n
 
 def versions(image: str, *names: str) -> dict[str, str]:
     """The installed versions of `names` inside `image`, as its own user sees them."""
-    argv = ["run", "--rm", "--network", "none", "--read-only", "--user", "10001:10001", "--cap-drop=ALL"]
-    argv += [a for limit in pods.ULIMITS for a in ("--ulimit", limit)]
+    argv = ["run", "--rm", *pods.locked_down("none")]
     argv += ["--entrypoint", '["python", "-c"]', image, VERSION_SCRIPT, *names]
     found: dict[str, str] = json.loads(podman(*argv).stdout)
     return found
@@ -40,8 +39,7 @@ def versions(image: str, *names: str) -> dict[str, str]:
 
 def test_the_operator_image_starts_its_command() -> None:
     image = require_image(tags()["operator"])
-    argv = ["run", "--rm", "--network", "none", "--read-only", "--user", "10001:10001", "--cap-drop=ALL"]
-    argv += [a for limit in pods.ULIMITS for a in ("--ulimit", limit)]
+    argv = ["run", "--rm", *pods.locked_down("none")]
     result = podman(*argv, image, "--help", check=False)
     assert result.returncode == 0, result.stderr
     assert "usage: epd-operator" in result.stdout
@@ -66,8 +64,7 @@ def test_the_versions_inside_are_the_pins(folder: str, packages: tuple[str, ...]
 @pytest.mark.parametrize("binary", ["mooncake_master", "mooncake_client", "store.so", "engine.so"])
 def test_every_library_the_mooncake_binaries_link_is_in_the_image(binary: str) -> None:
     """ldd in the image itself (the machine has libraries an image may lack: libcurl was one)."""
-    argv = ["run", "--rm", "--network", "none", "--read-only", "--user", "10001:10001", "--cap-drop=ALL"]
-    argv += [a for limit in pods.ULIMITS for a in ("--ulimit", limit)]
+    argv = ["run", "--rm", *pods.locked_down("none")]
     script = f"ldd /usr/local/lib/python3.11/site-packages/mooncake/{binary}"
     result = podman(*argv, "--entrypoint", '["sh", "-c"]', require_image(tags()["mooncake"]), script, check=False)
     assert result.returncode == 0 and "=>" in result.stdout, result.stderr

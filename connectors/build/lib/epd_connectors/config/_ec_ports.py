@@ -1,0 +1,25 @@
+"""Where an ECMooncakeConnector consumer listens: one control port per TP rank and DP replica.
+
+vLLM 0.33 (``ec_connector/mooncake/config.py`` and ``worker.py``): TP rank r of DP replica d binds
+``ec_ip:ec_port + d*tp + r``. The operator needs these to avoid port collisions in a pod and to give the proxy
+each consumer's address; kept apart from ec_transfer to keep modules small.
+"""
+
+from __future__ import annotations
+
+
+def ec_consumer_ports(ec_port: int, tensor_parallel_size: int, data_parallel_size: int = 1) -> list[int]:
+    """Control ports of a consumer, DP replica major: TP rank r of replica d listens on ec_port + d*tp + r."""
+    if tensor_parallel_size < 1 or data_parallel_size < 1:
+        raise ValueError(
+            f"tensor_parallel_size, data_parallel_size = {tensor_parallel_size}, {data_parallel_size}: "
+            "must be at least 1. Fix: give the consumer's real parallel sizes"
+        )
+    return [
+        ec_port + d * tensor_parallel_size + r for d in range(data_parallel_size) for r in range(tensor_parallel_size)
+    ]
+
+
+def zmq_tcp(host: str, port: int) -> str:
+    """A ZMQ TCP address as vLLM's make_zmq_path writes it (IPv6 literals in brackets)."""
+    return f"tcp://[{host}]:{port}" if ":" in host and not host.startswith("[") else f"tcp://{host}:{port}"

@@ -1,0 +1,44 @@
+"""The shared base of all config models and the one format every rule's message follows.
+
+A rule's message must let a platform engineer fix the resource without reading our code, so it always names
+the field, the offending value and the fix: ``<field> = <value>: <problem>. Fix: <fix>``.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+
+class ConfigModel(BaseModel):
+    """Immutable, strict about unknown keys (a typo must not be silently ignored), populated by field name
+    or alias."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot work; ``str()`` is one line per problem, each naming field and fix."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(problems))
+
+
+def rule_error(field: str, value: object, problem: str, fix: str) -> ValueError:
+    """The error a validator raises; pydantic keeps the message and adds the field's location."""
+    return ValueError(f"{field} = {value!r}: {problem}. Fix: {fix}")
+
+
+def problem(field: str, value: object, issue: str, fix: str) -> str:
+    """One rule violation as a line in the same format (for checks that collect problems instead of raising)."""
+    return str(rule_error(field, value, issue, fix))
+
+
+def describe_validation_error(exc: ValidationError) -> list[str]:
+    """One line per error, with the dotted location of the field, for CLI output and Kubernetes conditions."""
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(part) for part in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{loc}: {msg}" if loc else msg)
+    return lines

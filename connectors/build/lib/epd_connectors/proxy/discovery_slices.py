@@ -1,0 +1,98 @@
+"""From a Service's EndpointSlices to the instances behind it (pure; the watching is in `discovery`).
+
+A Service name load-balances over its pods, but the proxy must pick pods itself (least outstanding, hashing
+by uuid) and must name the exact pod an encoder pushes to, so it reads the pod addresses from the Service's
+EndpointSlices. Slices come in as the API's JSON (camelCase dicts), so this module needs no client library.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from epd_connectors.proxy.roster import InstanceSpec, ProxyRole
+from epd_connectors.proxy.routing import ec_addresses_for
+
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+"""The label every EndpointSlice of a Service carries (the watch selects on it)."""
+
+
+@dataclass(frozen=True)
+class RoleWatch:
+    """One role's Service and how to address its pods."""
+
+    role: ProxyRole
+    service: str
+    port: int | None = None
+    """The port to use when a slice lists several: matched by number (None: the only or first port)."""
+    port_name: str | None = None
+    """Or matched by name, which wins over `port`."""
+    ec_port: int | None = None
+    """EC consumers with a push connector: the base control port (TP rank 0 of DP replica 0)."""
+    ec_tensor_parallel_size: int = 1
+    ec_data_parallel_size: int = 1
+    bootstrap_port: int | None = None
+    """Prefill with MooncakeConnector: VLLM_MOONCAKE_BOOTSTRAP_PORT."""
+
+
+def _port_of(slice_: Mapping[str, Any], watch: RoleWatch) -> int | None:
+    ports = [p for p in slice_.get("ports") or [] if isinstance(p, Mapping) and isinstance(p.get("port"), int)]
+    if watch.port_name is not None:
+        named = [p["port"] for p in ports if p.get("name") == watch.port_name]
+        return named[0] if named else None
+    if watch.port is not None:
+        numbered = [p["port"] for p in ports if p["port"] == watch.port]
+        if numbered:
+            return watch.port
+    return ports[0]["port"] if ports else None
+
+
+def _usable(endpoint: Mapping[str, Any]) -> bool:
+    """Ready, or readiness unknown (the API says to treat a missing `ready` as ready); never terminating."""
+    conditions = endpoint.get("conditions") or {}
+    if conditions.get("terminating") is True:
+        return False
+    return conditions.get("ready") is not False
+
+
+def _host_url(address: str, port: int) -> str:
+    return f"http://[{address}]:{port}" if ":" in address else f"http://{address}:{port}"
+
+
+def specs_from_slices(slices: Iterable[Mapping[str, Any]], watch: RoleWatch) -> list[InstanceSpec]:
+    """The instances of one role from all of its Service's slices, sorted, each address once."""
+    found: dict[str, InstanceSpec] = {}
+    for slice_ in slices:
+        labels = (slice_.get("metadata") or {}).get("labels") or {}
+        if labels.get(SERVICE_NAME_LABEL) not in (None, watch.service):
+            continue
+        if slice_.get("addressType") == "FQDN":
+            continue
+        port = _port_of(slice_, watch)
+        if port is None:
+            continue
+        for endpoint in slice_.get("endpoints") or []:
+            if not isinstance(endpoint, Mapping) or not _usable(endpoint):
+                continue
+            for address in endpoint.get("addresses") or []:
+                url = _host_url(address, port)
+                ec: tuple[str, ...] = ()
+                if watch.ec_port is not None:
+                    ec = tuple(
+                        ec_addresses_for(
+                            address, watch.ec_port, watch.ec_tensor_parallel_size, watch.ec_data_parallel_size
+                        )
+                    )
+                bootstrap = _host_url(address, watch.bootstrap_port) if watch.bootstrap_port else None
+                found[url] = InstanceSpec(url, ec, bootstrap)
+    return [found[url] for url in sorted(found)]
+
+
+def apply_event(slices: dict[str, Mapping[str, Any]], event_type: str, slice_: Mapping[str, Any]) -> None:
+    """Keep `slices` (name -> slice) current with one watch event (ADDED, MODIFIED, DELETED)."""
+    name = str((slice_.get("metadata") or {}).get("name", ""))
+    if event_type == "DELETED":
+        slices.pop(name, None)
+    elif event_type in ("ADDED", "MODIFIED"):
+        slices[name] = slice_

@@ -1,0 +1,263 @@
+"""One client request through the roles: encode -> (prefill) -> decode or PD, with bounded retries.
+
+The consumer of encoder output (prefill in a split, else PD) is chosen first, because a push connector's
+encoder must be told where to push (`consumer_zmq`, one address per data-parallel replica). A failure before
+the first byte reached the client moves the request to another instance of the failing role; retrying a
+consumer re-runs the encode stage when the encoder pushed to the failed one. The answer is either complete or a
+stream whose first chunk already arrived, so nothing is committed to the client before the retries are over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from epd_connectors.proxy import kv, routing
+from epd_connectors.proxy.backend import Backend, loads
+from epd_connectors.proxy.encode import EncodeStage, record_failure
+from epd_connectors.proxy.errors import (
+    BackendUnavailableError,
+    NoInstanceError,
+    ProxyError,
+    StageTimeoutError,
+    from_client_error,
+)
+from epd_connectors.proxy.media import MediaItem, find_media
+from epd_connectors.proxy.metrics import ProxyMetrics
+from epd_connectors.proxy.rewrite import consumer_body, new_transfer_id, with_uuids
+from epd_connectors.proxy.roster import Instance, ProxyRole, Roster, outstanding
+from epd_connectors.proxy.settings import KVProtocol, ProxyOptions
+
+_T = TypeVar("_T")
+
+DP_RANK_HEADER = "X-data-parallel-rank"
+"""vLLM's header naming the data-parallel replica that must serve a request (the one the encoder pushed to)."""
+
+
+@dataclass
+class ClientRequest:
+    """What the app parsed from the client."""
+
+    path: str
+    """/v1/chat/completions or /v1/completions."""
+    body: dict[str, Any]
+    request_id: str
+
+    @property
+    def stream(self) -> bool:
+        return bool(self.body.get("stream", False))
+
+
+@dataclass
+class Answer:
+    """The generating instance's answer. `chunks` yields the rest of a stream after `first`; for a complete
+    answer `first` is the whole body and `chunks` is empty. `close` releases the backend (always call it)."""
+
+    status: int
+    content_type: str
+    first: bytes
+    chunks: AsyncIterator[bytes] | None = None
+    instance: str = ""
+    _stack: AsyncExitStack = field(default_factory=AsyncExitStack)
+
+    async def close(self) -> None:
+        await self._stack.aclose()
+
+
+class Flow:
+    """Runs client requests against the roster."""
+
+    def __init__(self, roster: Roster, backend: Backend, options: ProxyOptions, metrics: ProxyMetrics) -> None:
+        self.roster = roster
+        self.backend = backend
+        self.options = options
+        self.metrics = metrics
+        self.encode = EncodeStage(roster, backend, options, metrics)
+        self._tiebreak = 0
+
+    async def run(self, request: ClientRequest) -> Answer:
+        items = find_media(request.body) if request.path.endswith("/chat/completions") else []
+        if items and ProxyRole.ENCODER not in self.roster.roles:
+            items = []  # no encoder pool: the consumer encodes the media itself
+        role = self.roster.consumer_role
+        return await self._with_retries(role, lambda consumer: self._via_consumer(request, items, consumer))
+
+    async def _with_retries(self, role: ProxyRole, attempt: Callable[[Instance], Awaitable[Answer]]) -> Answer:
+        """`attempt` on the least-loaded healthy instance of `role`, then on others while the failure is
+        retryable and attempts remain."""
+        tried: set[str] = set()
+        last: ProxyError | None = None
+        for _ in range(self.options.limits.retries + 1):
+            self._tiebreak += 1
+            url = routing.least_outstanding(self.roster.candidates(role), frozenset(tried), self._tiebreak)
+            instance = self.roster.get(role, url) if url is not None else None
+            if instance is None:
+                raise last or NoInstanceError(f"no healthy {role.value} instance")
+            try:
+                return await attempt(instance)
+            except ProxyError as error:
+                if error.role_of_failure not in (None, role):
+                    raise
+                record_failure(instance, error, self.metrics, self.options.limits.evict_after)
+                if not error.retryable:
+                    raise
+                self.metrics.retries.labels(role.value, instance.url).inc()
+                tried.add(instance.url)
+                last = error
+        assert last is not None
+        raise last
+
+    async def _via_consumer(self, request: ClientRequest, items: list[MediaItem], consumer: Instance) -> Answer:
+        """Encode for this consumer, then prefill+decode or PD."""
+        dp_rank = routing.pick_dp_rank(max(1, len(consumer.spec.ec_addresses)), consumer.dp_counter)
+        consumer.dp_counter += 1
+        zmq = consumer.spec.ec_addresses[dp_rank or 0] if consumer.spec.ec_addresses else None
+        headers = {"x-request-id": request.request_id}
+        if dp_rank is not None:
+            headers[DP_RANK_HEADER] = str(dp_rank)
+        body = request.body
+        if items:
+            # Counted against the consumer while its media are encoded, so concurrent requests spread over
+            # consumers from the start instead of all choosing the one that looked idle.
+            with outstanding(consumer):
+                encoded, transfer_ids = await _as_role(
+                    ProxyRole.ENCODER, self.encode.run(body, items, zmq, request.request_id)
+                )
+            body = consumer_body(body, items, encoded, transfer_ids)
+            rewritten = sum(1 for item in items if item.uuid in encoded and encoded[item.uuid].metadata)
+            self.metrics.media_items.labels("rewritten").inc(rewritten)
+            self.metrics.media_items.labels("kept").inc(len(items) - rewritten)
+        if not self.roster.split:
+            return await self._generate(request, consumer, body, headers)
+        kv_params = await self._prefill(request, consumer, body, headers)
+        decode_body = with_uuids(request.body, items)
+        if kv_params is not None:
+            decode_body["kv_transfer_params"] = kv_params
+        return await _as_role(
+            ProxyRole.DECODE,
+            self._with_retries(
+                ProxyRole.DECODE,
+                lambda d: self._generate(request, d, decode_body, {"x-request-id": request.request_id}),
+            ),
+        )
+
+    async def _prefill(
+        self, request: ClientRequest, prefill: Instance, body: Mapping[str, Any], headers: Mapping[str, str]
+    ) -> dict[str, Any] | None:
+        """One token on the prefill; the decode's kv_transfer_params."""
+        protocol = self.options.kv_protocol
+        transfer_id = new_transfer_id()
+        engine_id = await self._engine_id(prefill) if protocol is KVProtocol.MOONCAKE else None
+        started = time.perf_counter()
+        self.metrics.count_backend(prefill.role.value, prefill.url)
+        with outstanding(prefill):
+            try:
+                async with asyncio.timeout(self.options.timeouts.prefill):
+                    answer = await self.backend.post_json(
+                        prefill.url + request.path,
+                        kv.prefill_body(body, protocol, transfer_id),
+                        role="prefill",
+                        headers=headers,
+                    )
+            except TimeoutError as exc:
+                raise StageTimeoutError(
+                    f"prefill {prefill.url} took longer than {self.options.timeouts.prefill} s"
+                ) from exc
+        self.metrics.observe_stage("prefill", time.perf_counter() - started)
+        returned = answer.get("kv_transfer_params") if isinstance(answer, Mapping) else None
+        return kv.decode_params(
+            protocol, transfer_id, bootstrap_addr=prefill.spec.bootstrap_url, engine_id=engine_id, returned=returned
+        )
+
+    async def _engine_id(self, prefill: Instance) -> str:
+        """MooncakeConnector: the prefill's engine id from its bootstrap server, cached per instance."""
+        if prefill.engine_id is not None:
+            return prefill.engine_id
+        if prefill.spec.bootstrap_url is None:
+            raise NoInstanceError(f"prefill {prefill.url} has no bootstrap address; give --prefill-bootstrap-port")
+        status, data = await self.backend.get(prefill.spec.bootstrap_url + "/query", role="prefill")
+        engine_id = kv.engine_id_from_query(_json_or_none(data)) if status == 200 else None
+        if engine_id is None:
+            raise BackendUnavailableError(f"prefill bootstrap {prefill.spec.bootstrap_url}/query gave no engine id")
+        prefill.engine_id = engine_id
+        return engine_id
+
+    async def _generate(
+        self, request: ClientRequest, instance: Instance, body: Mapping[str, Any], headers: Mapping[str, str]
+    ) -> Answer:
+        """Send to the decode/PD instance and wait for the first byte (streams) or the whole answer."""
+        stack = AsyncExitStack()
+        stack.enter_context(outstanding(instance))
+        self.metrics.count_backend(instance.role.value, instance.url)
+        started = time.perf_counter()
+        limit = self.options.timeouts.first_token
+        try:
+            async with asyncio.timeout(limit):
+                response = await self.backend.open(
+                    instance.url + request.path, body, role=instance.role.value, headers=headers
+                )
+                stack.callback(response.release)
+                content_type = response.headers.get("content-type", "application/json")
+                if request.stream:
+                    body_chunks = response.chunks().__aiter__()
+                    first = await _first_chunk(body_chunks, response.url)
+                else:
+                    first = await response.read()
+        except TimeoutError as exc:
+            await stack.aclose()
+            raise StageTimeoutError(f"{instance.role.value} {instance.url} sent nothing for {limit} s") from exc
+        except ProxyError:
+            await stack.aclose()
+            raise
+        except Exception as exc:
+            await stack.aclose()
+            raise from_client_error(exc, instance.role.value, instance.url) from exc
+        except BaseException:
+            await stack.aclose()
+            raise
+        self.metrics.observe_stage("first_token", time.perf_counter() - started)
+        chunks = _rest(body_chunks, response.url, limit) if request.stream else None
+        return Answer(response.status, content_type, first, chunks, instance.url, stack)
+
+
+async def _first_chunk(chunks: AsyncIterator[bytes], url: str) -> bytes:
+    """The first non-empty chunk of a stream; a stream that ends before any byte counts as a failure."""
+    async for chunk in chunks:
+        if chunk:
+            return chunk
+    raise BackendUnavailableError(f"{url} closed the stream before sending anything")
+
+
+async def _rest(chunks: AsyncIterator[bytes], url: str, idle_limit: float) -> AsyncIterator[bytes]:
+    """The remaining chunks; a gap longer than `idle_limit` ends the stream with StageTimeoutError."""
+    while True:
+        try:
+            async with asyncio.timeout(idle_limit):
+                chunk = await anext(chunks)
+        except StopAsyncIteration:
+            return
+        except TimeoutError as exc:
+            raise StageTimeoutError(f"{url} stalled for {idle_limit} s mid-stream") from exc
+        if chunk:
+            yield chunk
+
+
+async def _as_role(role: ProxyRole, work: Awaitable[_T]) -> _T:
+    """Tag errors from a nested stage with its role, so an outer retry loop does not blame its own instance."""
+    try:
+        return await work
+    except ProxyError as error:
+        if error.role_of_failure is None:
+            error.role_of_failure = role
+        raise
+
+
+def _json_or_none(data: bytes) -> Any:
+    try:
+        return loads(data)
+    except ValueError:
+        return None

@@ -1,0 +1,142 @@
+"""Who the proxy can send to: the instances of each role, their health and their load.
+
+The roster is the one mutable piece of routing state. Static configuration fills it once; Kubernetes discovery
+replaces a role's members whenever its EndpointSlices change, keeping the state (health, outstanding requests,
+cached engine ids) of the instances that stay; the health prober evicts and re-admits. Routing reads
+`candidates()`, which are plain values for the pure functions in `routing`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from epd_connectors.proxy.routing import Candidate
+
+
+class ProxyRole(StrEnum):
+    """The pools the proxy routes to. `pd` is a combined prefill+decode pool (no prefill pool exists)."""
+
+    ENCODER = "encoder"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    PD = "pd"
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    """How to reach one instance, as configuration or discovery gives it."""
+
+    url: str
+    """Base URL of its OpenAI server (http://host:port)."""
+    ec_addresses: tuple[str, ...] = ()
+    """EC consumers with a push connector: the control address of each data-parallel replica."""
+    bootstrap_url: str | None = None
+    """Prefill with MooncakeConnector: http://host:VLLM_MOONCAKE_BOOTSTRAP_PORT."""
+
+
+@dataclass
+class Instance:
+    """One instance and what the proxy has learned about it."""
+
+    role: ProxyRole
+    spec: InstanceSpec
+    healthy: bool = False
+    outstanding: int = 0
+    failures: int = 0
+    """Consecutive failed probes."""
+    successes: int = 0
+    """Consecutive good probes."""
+    engine_id: str | None = None
+    """MooncakeConnector engine id from the bootstrap server, cached until the instance leaves."""
+    dp_counter: int = 0
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    def candidate(self) -> Candidate:
+        return Candidate(self.spec.url, self.healthy, self.outstanding)
+
+
+@dataclass
+class Roster:
+    """Every role's instances; `roles` are the roles this deployment has (each one is required)."""
+
+    roles: frozenset[ProxyRole]
+    members: dict[ProxyRole, dict[str, Instance]] = field(default_factory=dict)
+    version: int = 0
+    """Bumped on every membership change (the prober and metrics look at it)."""
+
+    @classmethod
+    def build(cls, specs: Mapping[ProxyRole, Sequence[InstanceSpec]], *, healthy: bool = False) -> Roster:
+        """A roster of the roles that have a list (possibly empty, for discovery to fill)."""
+        roster = cls(frozenset(specs))
+        for role, role_specs in specs.items():
+            roster.replace(role, role_specs, healthy=healthy)
+        return roster
+
+    @property
+    def split(self) -> bool:
+        """True for a prefill/decode split, False for combined PD instances."""
+        return ProxyRole.PREFILL in self.roles
+
+    @property
+    def consumer_role(self) -> ProxyRole:
+        """The role that receives encoder output: prefill when split, else the PD pool."""
+        return ProxyRole.PREFILL if self.split else self.generator_role
+
+    @property
+    def generator_role(self) -> ProxyRole:
+        """The role that produces the tokens the client reads."""
+        return ProxyRole.DECODE if ProxyRole.DECODE in self.roles else ProxyRole.PD
+
+    def replace(self, role: ProxyRole, specs: Iterable[InstanceSpec], *, healthy: bool = False) -> None:
+        """Make `specs` the role's members; instances that stay keep their state, new ones start `healthy`."""
+        old = self.members.get(role, {})
+        new: dict[str, Instance] = {}
+        changed = role not in self.members
+        for spec in specs:
+            kept = old.get(spec.url)
+            if kept is None:
+                kept = Instance(role, spec, healthy=healthy)
+                changed = True
+            elif kept.spec != spec:
+                kept.spec = spec  # same URL, new addresses: keep its health and load
+                kept.engine_id = None
+                changed = True
+            new[spec.url] = kept
+        if changed or new.keys() != old.keys():
+            self.version += 1
+        self.members[role] = new
+
+    def instances(self, role: ProxyRole | None = None) -> list[Instance]:
+        if role is not None:
+            return list(self.members.get(role, {}).values())
+        return [i for members in self.members.values() for i in members.values()]
+
+    def get(self, role: ProxyRole, url: str) -> Instance | None:
+        return self.members.get(role, {}).get(url)
+
+    def candidates(self, role: ProxyRole) -> list[Candidate]:
+        return [i.candidate() for i in self.members.get(role, {}).values()]
+
+    def healthy_roles(self) -> dict[ProxyRole, bool]:
+        """Per required role: does it have a healthy instance?"""
+        return {role: any(i.healthy for i in self.instances(role)) for role in sorted(self.roles)}
+
+    def ready(self) -> bool:
+        """The proxy is healthy only when every required role has a healthy instance."""
+        return all(self.healthy_roles().values())
+
+
+@contextmanager
+def outstanding(instance: Instance) -> Iterator[Instance]:
+    """Count a request against the instance while it runs (least-outstanding routing reads the count)."""
+    instance.outstanding += 1
+    try:
+        yield instance
+    finally:
+        instance.outstanding -= 1

@@ -1,0 +1,94 @@
+"""The proxy's tunables as small value objects, each default a named constant with its unit and reason.
+
+Timeouts and limits travel together through the flow, so they are frozen dataclasses (as httpx does) rather
+than loose keyword arguments; the command line and the tests build them the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+"""Seconds to open a TCP connection to a backend; a pod that takes longer is as good as down."""
+DEFAULT_ENCODE_TIMEOUT_S = 120.0
+"""Seconds for one encoder batch; large videos on a busy encoder take tens of seconds."""
+DEFAULT_PREFILL_TIMEOUT_S = 300.0
+"""Seconds for the prefill answer (one token); long prompts queue behind others."""
+DEFAULT_FIRST_TOKEN_TIMEOUT_S = 300.0
+"""Seconds from sending the decode/PD request to its first byte (the PD instance may be prefilling)."""
+DEFAULT_TOTAL_TIMEOUT_S = 3600.0
+"""Seconds for a whole request; a guard against streams that never end."""
+DEFAULT_PROBE_TIMEOUT_S = 2.0
+"""Seconds for one health probe; vLLM answers /health at once when alive."""
+
+DEFAULT_RETRIES = 2
+"""Extra attempts on another instance after a connect error or a 5xx before the first byte."""
+DEFAULT_ENCODER_BATCH_MAX = 8
+"""Most media items in one encoder request; larger groups are split so no request holds an encoder long."""
+DEFAULT_PROBE_INTERVAL_S = 2.0
+"""Seconds between health probes of one instance; 0 turns probing off (see Limits.probing)."""
+DEFAULT_EVICT_AFTER = 2
+"""Consecutive failed probes that take an instance out of routing (one blip is forgiven)."""
+DEFAULT_READMIT_AFTER = 1
+"""Consecutive good probes that bring an evicted instance back."""
+DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
+"""Largest request body accepted (bytes); inline base64 videos are big, unbounded bodies are an attack."""
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Per-stage time limits, in seconds."""
+
+    connect: float = DEFAULT_CONNECT_TIMEOUT_S
+    encode: float = DEFAULT_ENCODE_TIMEOUT_S
+    prefill: float = DEFAULT_PREFILL_TIMEOUT_S
+    first_token: float = DEFAULT_FIRST_TOKEN_TIMEOUT_S
+    total: float = DEFAULT_TOTAL_TIMEOUT_S
+    probe: float = DEFAULT_PROBE_TIMEOUT_S
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on retries, batching and probing."""
+
+    retries: int = DEFAULT_RETRIES
+    encoder_batch_max: int = DEFAULT_ENCODER_BATCH_MAX
+    probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S
+    evict_after: int = DEFAULT_EVICT_AFTER
+    readmit_after: int = DEFAULT_READMIT_AFTER
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+    @property
+    def probing(self) -> bool:
+        """Whether the proxy probes its instances at all. An interval of 0 (or less) means no: every instance
+        counts as healthy as configured or discovered (discovery lists only Ready pods), and nothing but a
+        client's request is ever sent to one. That is for a proxy that must not reach its instances, such as
+        the cluster tests' proxy, whose discovered pods are simulated addresses nothing may connect to. Without
+        a prober nothing readmits an instance a failed request took out of routing, so a serving proxy keeps
+        probing."""
+        return self.probe_interval_s > 0
+
+
+class KVProtocol(StrEnum):
+    """How the proxy hands the KV cache from prefill to decode.
+
+    `passive`: connectors that find the KV by content (ExampleConnector, MooncakeStoreConnector); the decode is
+    sent after the prefill answers, with the prefill's kv_transfer_params if it returned any.
+    `mooncake`: MooncakeConnector P2P; the proxy asks the prefill's bootstrap server for its engine id and
+    builds both sides' kv_transfer_params with one transfer id.
+    """
+
+    PASSIVE = "passive"
+    MOONCAKE = "mooncake"
+
+
+@dataclass(frozen=True)
+class ProxyOptions:
+    """Everything about behaviour that is not the roster."""
+
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    limits: Limits = field(default_factory=Limits)
+    encoder_affinity: bool = True
+    """Route a media item by its uuid to the encoder that saw it before (consistent hashing)."""
+    kv_protocol: KVProtocol = KVProtocol.PASSIVE

@@ -71,7 +71,7 @@ test-unit: setup-python ## the quick pure tests only
 test-store: setup ## tests against real mooncake_master / mooncake_client processes (HA ones use the built etcd)
 	$(PYTEST) -m store
 
-test-cluster: setup ## tests against the local control plane
+test-cluster: setup images-test ## tests against the local control plane (one runs the operator image)
 	$(PYTEST) -m cluster
 
 test-images: setup images-test ## the built images run as podman containers from rendered pod templates

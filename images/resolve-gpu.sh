@@ -14,7 +14,8 @@ vllm=$(arg VLLM_VERSION) mooncake=$(arg MOONCAKE_VERSION)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 start=$SECONDS
-"$python" -m pip wheel --quiet --no-deps --wheel-dir "$work" ./connectors
+cp -r connectors "$work/src"  # setuptools writes build/ beside the sources it builds
+"$python" -m pip wheel --quiet --no-deps --wheel-dir "$work" "$work/src"
 "$python" -m pip install --quiet --dry-run --ignore-installed --report "$work/report.json" \
   "vllm==$vllm" "mooncake-transfer-engine==$mooncake" "$work"/epd_connectors-*.whl
 "$python" - "$work/report.json" "$((SECONDS - start))" <<'EOF'

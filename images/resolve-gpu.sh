@@ -4,26 +4,32 @@
 # from this checkout), on this machine's platform, which is the image's (Debian bookworm, CPython 3.11, x86-64).
 # Nothing is installed (pip --dry-run); it fails when those pins stop resolving together, and prints the report's
 # key versions. Building the image itself (`FLAVORS=gpu make images`) takes many GB of CUDA wheels.
+# It also fails when the Mooncake wheel's CUDA major is not torch's (MOONCAKE_WHEEL=... tries another wheel).
 #   images/resolve-gpu.sh [PYTHON]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${1:-.venv/bin/python}
 dockerfile=images/vllm/Dockerfile
 arg() { sed -n "s/^ARG $1=//p" "$dockerfile" | head -n 1; }
-vllm=$(arg VLLM_VERSION) mooncake=$(arg MOONCAKE_VERSION)
+vllm=$(arg VLLM_VERSION) mooncake=$(arg MOONCAKE_VERSION) mooncake_wheel=${MOONCAKE_WHEEL:-$(arg MOONCAKE_WHEEL)}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 start=$SECONDS
 cp -r connectors "$work/src"  # setuptools writes build/ beside the sources it builds
 "$python" -m pip wheel --quiet --no-deps --wheel-dir "$work" "$work/src"
 "$python" -m pip install --quiet --dry-run --ignore-installed --report "$work/report.json" \
-  "vllm==$vllm" "mooncake-transfer-engine==$mooncake" "$work"/epd_connectors-*.whl
-"$python" - "$work/report.json" "$((SECONDS - start))" <<'EOF'
-import json, sys
-installs = json.load(open(sys.argv[1]))["install"]
-found = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in installs}
-keys = ("vllm", "torch", "mooncake-transfer-engine", "epd-connectors")
-cuda = sum(1 for name in found if name.startswith("nvidia-"))
-print(f"images: the GPU vLLM image's requirements resolve ({sys.argv[2]} s): {len(found)} packages, "
-      + ", ".join(f"{k} {found[k]}" for k in keys) + f", {cuda} nvidia-* CUDA wheels")
+  "vllm==$vllm" "$mooncake_wheel==$mooncake" "$work"/epd_connectors-*.whl
+"$python" - "$work/report.json" "$((SECONDS - start))" "$mooncake_wheel" <<'EOF'
+import json, re, sys
+report, seconds, mooncake = sys.argv[1:]
+found = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.load(open(report))["install"]}
+keys = ("vllm", "torch", mooncake, "epd-connectors", "nvidia-cuda-runtime")
+print(f"images: the GPU vLLM image's requirements resolve ({seconds} s): {len(found)} packages, "
+      + ", ".join(f"{k} {found.get(k)}" for k in keys))
+# The plain Mooncake wheel is built for CUDA 12 (it links libcudart.so.12); a -cudaNN one for CUDA NN.
+suffix = re.search(r"cuda(\d+)$", mooncake)
+wheel_cuda = int(suffix.group(1)) if suffix else 12
+torch_cuda = int(found["nvidia-cuda-runtime"].split(".")[0])
+if wheel_cuda != torch_cuda:
+    sys.exit(f"images: {mooncake} is built for CUDA {wheel_cuda}, torch {found['torch']} brings CUDA {torch_cuda}")
 EOF

@@ -19,7 +19,7 @@ from epd_operator.local import sample
 from epd_operator.render.pod import RUN_AS_USER
 from tests.e2e.conftest import REPO, TIMINGS, VllmInstance, greedy_chat, image_data_url, progress
 from tests.images.conftest import Container, pod, render_for_containers, require_image
-from tests.images.test_images_run import versions
+from tests.images.test_images_run import assert_no_layer_holds_the_machines_settings, versions
 from tests.unit.packaging.image_list import cpu_tags, tags
 
 pytestmark = [pytest.mark.e2e, pytest.mark.images, pytest.mark.timeout(1200)]
@@ -41,6 +41,13 @@ def test_the_cpu_vllm_image_holds_the_e2e_pins() -> None:
     for name in names:
         assert found[name] == want[name], f"{name} {found[name]}, pinned {want[name]}"
     assert found["epd-connectors"] == tags()["proxy"].rpartition(":")[2]
+
+
+def test_no_layer_of_the_cpu_vllm_image_holds_the_machines_settings() -> None:
+    """Its build had the machine's package settings, CA bundle and pip cache lent; none was committed."""
+    layers = assert_no_layer_holds_the_machines_settings(require_image(cpu_tags()["vllm"]))
+    for layer in layers:
+        assert not any((layer / "var/cache/epd-pip").glob("*")), f"{layer} holds the lent pip cache"
 
 
 @pytest.fixture(scope="module")

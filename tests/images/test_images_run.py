@@ -114,11 +114,9 @@ def machine_settings() -> list[Path]:
     return [*own, Path("/etc/ssl/certs/ca-certificates.crt")]
 
 
-@pytest.mark.parametrize("folder", ["operator", "proxy", "mooncake"])
-def test_no_layer_holds_the_machines_package_settings_or_ca_bundle(folder: str) -> None:
+def assert_no_layer_holds_the_machines_settings(image: str) -> list[Path]:
     """Every layer of the image, as containers-storage keeps it on disk: none holds one of the machine's own
     settings with the machine's content (Debian's public sources and the image's own CA bundle are fine)."""
-    image = require_image(tags()[folder])
     data = json.loads(podman("image", "inspect", "--format", "{{json .GraphDriver.Data}}", image).stdout)
     layers = [Path(p) for p in data.get("LowerDir", "").split(":") if p] + [Path(data["UpperDir"])]
     assert len(layers) >= 2 and all(layer.is_dir() for layer in layers), data
@@ -128,3 +126,9 @@ def test_no_layer_holds_the_machines_package_settings_or_ca_bundle(folder: str) 
         for path in settings:
             copy = layer / path.relative_to("/")
             assert not (copy.is_file() and copy.read_bytes() == path.read_bytes()), f"{copy} is the machine's {path}"
+    return layers
+
+
+@pytest.mark.parametrize("folder", ["operator", "proxy", "mooncake"])
+def test_no_layer_holds_the_machines_package_settings_or_ca_bundle(folder: str) -> None:
+    assert_no_layer_holds_the_machines_settings(require_image(tags()[folder]))

@@ -7,8 +7,9 @@
 #                         Debian's packages by hack/setup-apt.sh, with podman to run them), which makes the
 #                         Python base here too
 # With buildah the machine's package-index settings and CA bundle are lent to the RUN steps (bind mounts, never
-# in a layer) and a CPU build reuses the pip cache setup-e2e filled. An image is rebuilt only when its inputs
-# (Dockerfile, the sources it copies, its build arguments, its base) changed: a stamp per image holds their hash.
+# in a layer), and the vLLM images use the machine's pip cache (the CPU one finds what setup-e2e downloaded).
+# An image is rebuilt only when its inputs (Dockerfile, the sources it copies, its build arguments, its base)
+# changed: a stamp per image holds their hash.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prefix=${REGISTRY:+${REGISTRY%/}/}
@@ -76,7 +77,7 @@ build() {
     DOCKER_BUILDKIT=1 docker build "${args[@]}" .
   else
     local mounts=("${lent[@]}")
-    [ "$flavor" = cpu ] && [ -d "$pip_cache" ] && mounts+=(--volume "$pip_cache:/var/cache/epd-pip")
+    [ -n "$flavored" ] && [ -d "$pip_cache" ] && mounts+=(--volume "$pip_cache:/var/cache/epd-pip")
     # No --layers: buildah 1.28 then skips a cached stage that a later RUN --mount=type=bind,from= needs.
     buildah bud --isolation chroot --no-cache --force-rm "${mounts[@]}" "${args[@]}" . 2>&1 |
       sed -u -e 's/^/    /'

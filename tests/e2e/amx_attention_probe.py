@@ -1,7 +1,7 @@
 """One decode step of vLLM's CPU paged attention, run on its own in a fresh process: the crash of issue 11 at its
 smallest, and the check that the cpu_amx_tiles plugin's permission request cures it.
 
-    python amx_attention_probe.py ISA [--request-permission]
+    python amx_attention_probe.py ISA [--request-permission]     (ISA "chosen": what vLLM picks on this CPU)
 
 Writes a KV cache of KV_LEN tokens with vLLM's own reshape-and-cache kernel for ISA ("amx", "vec", "vec16"),
 then attends one query token to it with cpu_attention_with_kv_cache, as a decode whose prompt KV arrived by
@@ -42,6 +42,10 @@ def main() -> int:
     parser.add_argument("isa")
     parser.add_argument("--request-permission", action="store_true")
     args = parser.parse_args()
+    if args.isa == "chosen":  # vLLM's own choice for these shapes, as its attention builder makes it
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa  # noqa: PLC0415 - only for this mode
+
+        args.isa = _get_attn_isa(torch.bfloat16, BLOCK, HEAD_SIZE)
     if args.request_permission:
         print(json.dumps({"permission": cpu_amx_tiles.request_permission().describe()}), flush=True)
     generator = torch.Generator().manual_seed(0)

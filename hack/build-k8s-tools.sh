@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Builds the pinned local control plane from the Go modules under tools/k8s/ into BIN_DIR (default .cache/bin):
-#   kube  one multi-call binary: kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd (symlinks)
-#   kwok  the node and pod simulator
-#   helm  the helm client
+#   kube     one multi-call binary: kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd,
+#            kubelet and kube-proxy (symlinks)
+#   kwok     the node and pod simulator
+#   helm     the helm client
+#   coredns  the real node's cluster DNS (only the plugins it uses)
+#   pause    the real node's pod sandbox process
 # No package registry ships these servers, so they are built from the official Go modules. A group is rebuilt
 # only when its inputs change (its module files, this script, the Go version): a stamp per group holds their
 # hash, so a warm run costs a few hashes and prints nothing.
@@ -60,7 +63,7 @@ for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   kube_ldflags+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
 done
 build kube kube . "$kube_ldflags"
-for name in kube-apiserver kube-controller-manager kube-scheduler kubectl etcd; do
+for name in kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kubelet kube-proxy; do
   [ "$(readlink "$bin_dir/$name" 2>/dev/null)" = kube ] || ln -sfn kube "$bin_dir/$name"
 done
 
@@ -69,3 +72,5 @@ build kwok kwok sigs.k8s.io/kwok/cmd/kwok "-s -w"
 helm_version=$(pinned helm helm.sh/helm/v4)
 build helm helm helm.sh/helm/v4/cmd/helm \
   "-s -w -X helm.sh/helm/v4/internal/version.version=$helm_version -X helm.sh/helm/v4/internal/version.gitTreeState=clean"
+build coredns coredns . "-s -w"
+build pause pause . "-s -w"

@@ -1,10 +1,11 @@
-// Command kube is one binary holding the pinned control plane: kube-apiserver, kube-controller-manager,
-// kube-scheduler, kubectl and etcd. It dispatches on the name it was started under (argv[0]), so the build
+// Command kube is one binary holding the pinned control plane and node: kube-apiserver, kube-controller-manager,
+// kube-scheduler, kubectl, etcd, and the real node's kubelet and kube-proxy. It dispatches on the name it was started under (argv[0]), so the build
 // script makes one symlink per tool. One binary links once instead of five times and takes less than half
 // the disk of separate ones (see ../README.md for the figures).
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -21,7 +22,9 @@ import (
 	kubectlutil "k8s.io/kubectl/pkg/cmd/util"
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	kubeproxy "k8s.io/kubernetes/cmd/kube-proxy/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 )
 
 // tools maps each name the binary answers to onto the upstream main it stands for.
@@ -30,6 +33,8 @@ var tools = map[string]func() int{
 	"kube-controller-manager": func() int { return cli.Run(controllermanager.NewControllerManagerCommand()) },
 	"kube-scheduler":          func() int { return cli.Run(scheduler.NewSchedulerCommand()) },
 	"kubectl":                 runKubectl,
+	"kubelet":                 func() int { return cli.Run(kubelet.NewKubeletCommand(context.Background())) },
+	"kube-proxy":              func() int { return cli.Run(kubeproxy.NewProxyCommand()) },
 	"etcd":                    runEtcd,
 }
 

@@ -141,6 +141,8 @@ class MasterSpec(ApiModel):
     """High availability; without it a master restart loses every key (clients reconnect in ~1 s)."""
     resources: Resources = Resources()
     """The master's resources (1 CPU and 2 GiB requested when empty)."""
+    node_selector: dict[str, str] = {}
+    """Nodes for the master (e.g. CPU nodes: it holds no GPU memory)."""
 
 
 class OffloadSpec(ApiModel):
@@ -395,6 +397,8 @@ class ProxySpec(ApiModel):
     """Routing switches."""
     resources: Resources = Resources()
     """The proxy's resources (1 CPU and 1 GiB requested when empty)."""
+    node_selector: dict[str, str] = {}
+    """Nodes for the proxy (e.g. CPU nodes beside the GPU pool)."""
 
 
 _SPEC_RULES = _cel(

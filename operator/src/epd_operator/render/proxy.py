@@ -139,6 +139,7 @@ def render_proxy_deployment(ctx: Context, unit: Unit, bundle_json: str) -> dict[
             liveness=http_get("/health", ports.HTTP, period_s=10, failures=6),
         ),
         resources=resources,
+        node_selector=ctx.spec.proxy.node_selector,
     )
     template = pod_template(ctx, params)
     # The one pod that talks to the API server (EndpointSlices), under its own narrow ServiceAccount.

@@ -48,6 +48,7 @@ def render_master_deployment(ctx: Context, unit: Unit, store: StoreSpec, bundle_
         ports=ports.master_ports(master),
         probes=probes,
         resources=_resources(dict(res.requests) or dict(MASTER_DEFAULT_REQUESTS), dict(res.limits)),
+        node_selector=master.node_selector,
     )
     deployment = objects.render_deployment(ctx, unit, pod_template(ctx, params))
     # Two masters must never run at once (each would hold half the keys): replace, do not surge.

@@ -40,7 +40,9 @@ class Client:
         context.load_cert_chain(str(self.pki.client_cert("admin")), str(self.pki.client_key("admin")))
         return context
 
-    def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    def request(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+    ) -> tuple[int, Any]:
         """Send one request; returns the status and the decoded JSON (or text) body."""
         connection = http.client.HTTPSConnection(self.host, self.port, context=self._context(), timeout=TIMEOUT_S)
         try:
@@ -48,7 +50,7 @@ class Client:
             payload = None
             if body is not None:
                 payload = json.dumps(body).encode()
-                headers["Content-Type"] = "application/json"
+                headers["Content-Type"] = content_type
             connection.request(method, path, body=payload, headers=headers)
             response = connection.getresponse()
             raw = response.read().decode(errors="replace")
@@ -66,6 +68,12 @@ class Client:
         if status != 200:
             raise ApiError(status, f"GET {path}: {body}")
         return body
+
+    def patch_status(self, path: str, patch: dict[str, Any]) -> None:
+        """A strategic-merge patch of an object's status subresource."""
+        status, answer = self.request("PATCH", f"{path}/status", patch, "application/strategic-merge-patch+json")
+        if status != 200:
+            raise ApiError(status, f"PATCH {path}/status: {answer}")
 
     def create(self, path: str, body: dict[str, Any]) -> bool:
         """POST an object; False when it already exists (so bring-up steps may be repeated)."""

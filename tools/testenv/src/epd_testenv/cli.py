@@ -10,7 +10,7 @@ import argparse
 import pathlib
 import sys
 
-from epd_testenv import cluster, components, layout
+from epd_testenv import cluster, components, layout, nodehost, realnode
 
 
 def usage_hint(kubeconfig: pathlib.Path) -> str:
@@ -41,14 +41,31 @@ def main(argv: list[str] | None = None) -> int:
         default=components.Network.pod_cidr,
         help="pod IP range (default loopback; see epd_testenv.components.Network)",
     )
+    parser.add_argument(
+        "--real-node",
+        action="store_true",
+        help="also start a real node (containerd, kubelet, kube-proxy, CoreDNS) on a bridge in 198.18.0.0/15; root",
+    )
+    parser.add_argument(
+        "--node-image",
+        action="append",
+        default=[],
+        metavar="TAG",
+        help="a built image (images.txt tag) to copy into the real node's containerd; repeatable",
+    )
     args = parser.parse_args(argv)
-    settings = cluster.Settings(network=components.Network(pod_cidr=args.pod_cidr), ready_timeout_s=args.timeout)
+    settings = cluster.Settings(
+        network=components.Network(pod_cidr=args.pod_cidr),
+        ready_timeout_s=args.timeout,
+        real_node=realnode.NodeNetwork() if args.real_node else None,
+        node_images=tuple(args.node_image),
+    )
     local = cluster.Cluster(_state_dir(args.state_dir), settings)
 
     if args.command == "up":
         try:
             local.up()
-        except (cluster.ClusterError, FileNotFoundError) as error:
+        except (cluster.ClusterError, nodehost.HostError, FileNotFoundError) as error:
             print(f"cluster: {error}", file=sys.stderr)
             return 1
         print(usage_hint(local.kubeconfig))

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 
 import yaml
 
-from epd_testenv import api, components, layout, nodes, pki, process
+from epd_testenv import api, components, layout, nodehost, nodeimages, nodes, pki, process, realnode
 
 DEFAULT_READY_TIMEOUT_S = 120.0
 """Bring-up deadline. Warm, it takes well under 20 s; a loaded 2-core CI machine gets generous headroom."""
@@ -52,6 +52,21 @@ class Settings:
     pool: nodes.NodePool = field(default_factory=nodes.NodePool)
     network: components.Network = field(default_factory=components.Network)
     ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
+    real_node: realnode.NodeNetwork | None = None
+    """A real node (containerd, kubelet, kube-proxy, CoreDNS) beside the simulated ones; needs root."""
+    node_images: tuple[str, ...] = ()
+    """Tags of the project's images (images.txt) to copy into the real node's containerd."""
+
+    @property
+    def control_plane(self) -> components.Network:
+        """The address plan: the simulated pods' range, and with a real node its Services and apiserver."""
+        if self.real_node is None:
+            return self.network
+        return components.Network(
+            pod_cidr=self.network.pod_cidr,
+            service_cidr=self.real_node.service_cidr,
+            api_host=self.real_node.gateway,
+        )
 
 
 @dataclass(frozen=True)
@@ -81,6 +96,7 @@ class Cluster:
         self.state_dir = state_dir.resolve()
         self.settings = settings or Settings()
         self.files = components.Files(self.state_dir)
+        self.node_files = realnode.NodeFiles(self.state_dir, layout.containerd_root())
         self._say = say
         self._started: list[process.Running] = []
         self._extra: dict[str, object] = {}
@@ -123,8 +139,9 @@ class Cluster:
         server = extra.get("server")
         ready = False
         if isinstance(server, str) and running:
+            host, port = server.removeprefix("https://").rsplit(":", 1)
             with contextlib.suppress(api.ApiError):
-                ready = self._client(int(server.rsplit(":", 1)[1])).request("GET", "/readyz")[0] == 200
+                ready = self._client(host, int(port)).request("GET", "/readyz")[0] == 200
         return Status(running, stopped, server if isinstance(server, str) else None, ready)
 
     # -- bring-up steps
@@ -133,21 +150,27 @@ class Cluster:
         began = time.monotonic()
         deadline = began + self.settings.ready_timeout_s
         ports = components.Ports(*process.free_ports(5))
-        network = self.settings.network
-        self._extra = {"server": components.server_url(ports), "ports": asdict(ports)}
+        network = self.settings.control_plane
+        node = self.settings.real_node
+        self._extra = {"server": components.server_url(ports, network), "ports": asdict(ports)}
 
-        pki.generate(self.files.pki.dir)
-        for path, config in components.component_kubeconfigs(self.files, ports).items():
+        extra_ips: tuple[str, ...] = ()
+        if node is not None:
+            nodehost.prepare(node, self.node_files)
+            self._say(f"cluster: real node: bridge {node.bridge} {node.gateway}/{node.prefix_length}")
+            extra_ips = (node.gateway, node.kubernetes_service_ip)
+        pki.generate(self.files.pki.dir, extra_ips=extra_ips, real_node=node is not None)
+        for path, config in components.component_kubeconfigs(self.files, ports, network).items():
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(yaml.safe_dump(config, sort_keys=False))
             path.chmod(0o600)
         self.files.scheduler_config.write_text(yaml.safe_dump(components.scheduler_config(self.files)))
-        self._say(f"cluster: starting in {self.state_dir} (apiserver {components.server_url(ports)})")
+        self._say(f"cluster: starting in {self.state_dir} (apiserver {components.server_url(ports, network)})")
 
         # The apiserver retries etcd by itself, so both start at once.
         self._start(components.etcd(self.files, ports))
         self._start(components.apiserver(self.files, ports, network))
-        client = self._client(ports.apiserver)
+        client = self._client(network.api_host, ports.apiserver)
         self._wait("kube-apiserver /readyz", lambda: client.request("GET", "/readyz")[0] == 200, deadline)
 
         # The controller-manager gives up if the apiserver is not healthy within seconds, hence after /readyz.
@@ -169,18 +192,51 @@ class Cluster:
             lambda: self._nodes_ready(client),
             deadline,
         )
+        if node is not None:
+            self._bring_up_real_node(node, client, deadline)
         self._say(f"cluster: up in {time.monotonic() - began:.1f} s")
+
+    def _bring_up_real_node(self, node: realnode.NodeNetwork, client: api.Client, deadline: float) -> None:
+        """containerd, the images, kubelet, kube-proxy and CoreDNS. Copying images does not count against the
+        bring-up deadline (minutes for a vLLM image, once per build)."""
+        files = self.node_files
+        ports = realnode.NodePorts(*process.free_ports(5))
+        kubeconfigs = {
+            name: self.files.component_kubeconfig(name) for name in (realnode.NODE_NAME, "kube-proxy", "coredns")
+        }
+        for path, text in realnode.config_files(node, files, ports, self.files.pki.ca_cert, kubeconfigs).items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        files.containerd_root.mkdir(parents=True, exist_ok=True)
+        self._start(realnode.containerd(files))
+        self._wait("containerd", lambda: nodeimages.containerd_answers(files), deadline)
+        began = time.monotonic()
+        nodeimages.import_images(files, self.settings.node_images, self._say)
+        deadline += time.monotonic() - began
+        self._start(realnode.kubelet(node, files, kubeconfigs[realnode.NODE_NAME]))
+        self._wait(
+            f"the real node {realnode.NODE_NAME} Ready (kubelet, containerd, CNI)",
+            lambda: nodes.is_ready(client.get(f"/api/v1/nodes/{realnode.NODE_NAME}")),
+            deadline,
+        )
+        client.patch_status(f"/api/v1/nodes/{realnode.NODE_NAME}", realnode.gpu_status_patch())
+        self._start(realnode.kube_proxy(files))
+        self._start(realnode.coredns(files))
+        self._wait("kube-proxy /healthz", lambda: _http_ok(ports.proxy_healthz, "/healthz"), deadline)
+        self._wait("CoreDNS /ready", lambda: _http_ok(ports.dns_ready, "/ready"), deadline)
 
     def _nodes_ready(self, client: api.Client) -> bool:
         listed = client.get(f"/api/v1/nodes?labelSelector={nodes.SIMULATED_LABEL}%3Dtrue")
         ready = [n for n in listed.get("items", []) if nodes.is_ready(n)]
         return len(ready) >= self.settings.pool.count
 
-    def _client(self, port: int) -> api.Client:
-        return api.Client(components.LOOPBACK, port, self.files.pki)
+    def _client(self, host: str, port: int) -> api.Client:
+        return api.Client(host, port, self.files.pki)
 
     def _start(self, component: components.Component) -> None:
-        binary = layout.binary(component.name)
+        binary = shutil.which(component.binary) if component.binary else layout.binary(component.name)
+        if binary is None:
+            raise ClusterError(f"{component.binary} is not installed: run `make setup` (installs it)")
         running = process.start(component.name, [str(binary), *component.argv], self.files.logs)
         self._started.append(running)
         process.save(self.state_dir, self._started, self._extra)
@@ -212,7 +268,14 @@ class Cluster:
         recorded, _ = process.load(self.state_dir)
         recorded = recorded or self._started
         # Reverse start order, clients first and etcd last: an apiserver that loses etcd first hangs on exit.
-        stopped = process.stop(list(reversed(recorded)), self.state_dir)
+        # The real node's containers go while containerd still runs, and what it changed on the machine last.
+        order = list(reversed(recorded))
+        split = next((i for i, p in enumerate(order) if p.name == "containerd"), len(order))
+        stopped = process.stop(order[:split], self.state_dir)
+        if split < len(order) and process.is_ours(order[split].pid, self.state_dir):
+            nodehost.stop_containers(self.node_files)
+        stopped += process.stop(order[split:], self.state_dir)
+        nodehost.restore(self.node_files)
         (self.state_dir / process.STATE_FILE).unlink(missing_ok=True)
         self._started = []
         if not quiet:
@@ -222,7 +285,8 @@ class Cluster:
     def _wipe(self) -> None:
         """Remove what a previous cluster left, path by path: never the whole folder (it may be `.`)."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        for name in ("pki", "etcd", "logs", "config"):
+        nodehost.unmount_under(self.node_files.dir)  # never delete through a container's mounted root
+        for name in ("pki", "etcd", "logs", "config", "node"):
             shutil.rmtree(self.state_dir / name, ignore_errors=True)
         self.files.kubeconfig.unlink(missing_ok=True)
 
@@ -233,6 +297,15 @@ class Cluster:
         with (self.state_dir / ".lock").open("w") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             yield
+
+
+def _http_ok(port: int, path: str) -> bool:
+    """A plain-HTTP health endpoint on loopback (kube-proxy, CoreDNS) answers 200."""
+    try:
+        with urllib.request.urlopen(f"http://{components.LOOPBACK}:{port}{path}", timeout=api.TIMEOUT_S) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
 
 
 def _healthz(port: int) -> bool:

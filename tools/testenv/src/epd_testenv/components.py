@@ -15,6 +15,8 @@ from typing import Any
 from epd_testenv import pki as pki_
 
 LOOPBACK = "127.0.0.1"
+CONTEXT = "epd-testenv"
+"""The kubeconfig context (and cluster) name of every generated kubeconfig."""
 
 STAGES_FILE = pathlib.Path(__file__).with_name("kwok-stages.yaml")
 """kwok's Stage objects (node-initialize, node-heartbeat-with-lease, pod-ready, pod-complete, pod-delete)."""
@@ -48,6 +50,13 @@ class Network:
     """kwok's pod IPs (65k addresses: room for every pod the nodes can hold)."""
     service_cidr: str = "127.96.0.0/16"
     """ClusterIPs; the apiserver accepts a loopback range here."""
+    api_host: str = LOOPBACK
+    """Where the apiserver listens and what it advertises: loopback, or with a real node the host's address
+    on the harness's bridge (pods reach the `kubernetes` Service there, realnode.NodeNetwork)."""
+
+    @property
+    def real_node(self) -> bool:
+        return self.api_host != LOOPBACK
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,8 @@ class Component:
     """Also the name of its log file and, except kwok, of the symlink into the multi-call binary."""
     argv: tuple[str, ...]
     """Arguments after the binary."""
+    binary: str | None = None
+    """A program of the machine (containerd), looked up on PATH; None: the pinned binary `name`."""
 
 
 @dataclass(frozen=True)
@@ -91,8 +102,8 @@ class Files:
         return self.state / "config" / "kube-scheduler.yaml"
 
 
-def server_url(ports: Ports) -> str:
-    return f"https://{LOOPBACK}:{ports.apiserver}"
+def server_url(ports: Ports, network: Network) -> str:
+    return f"https://{network.api_host}:{ports.apiserver}"
 
 
 def _b64(path: pathlib.Path) -> str:
@@ -167,13 +178,24 @@ def etcd(files: Files, ports: Ports) -> Component:
 
 def apiserver(files: Files, ports: Ports, network: Network) -> Component:
     p = files.pki
+    if network.real_node:
+        node_flags: tuple[str, ...] = (
+            # The kubelet's address, not its name through the machine's resolver (logs, exec, port-forward).
+            "--kubelet-preferred-address-types=InternalIP",
+            f"--kubelet-client-certificate={p.client_cert(pki_.KUBELET_CLIENT.name)}",
+            f"--kubelet-client-key={p.client_key(pki_.KUBELET_CLIENT.name)}",
+        )
+    else:
+        # The `kubernetes` Service would get 127.0.0.1 as its endpoint, which Endpoints validation rejects
+        # (loopback), so the reconciler would log an error every few seconds. Nothing needs it without pods.
+        node_flags = ("--endpoint-reconciler-type=none",)
     return Component(
         "kube-apiserver",
         (
             f"--etcd-servers=http://{LOOPBACK}:{ports.etcd_client}",
-            f"--bind-address={LOOPBACK}",
+            f"--bind-address={network.api_host}",
             # Without it a host with no default route fails to pick an address to advertise.
-            f"--advertise-address={LOOPBACK}",
+            f"--advertise-address={network.api_host}",
             f"--secure-port={ports.apiserver}",
             f"--tls-cert-file={p.serving_cert}",
             f"--tls-private-key-file={p.serving_key}",
@@ -191,9 +213,7 @@ def apiserver(files: Files, ports: Ports, network: Network) -> Component:
             f"--service-cluster-ip-range={network.service_cidr}",
             "--authorization-mode=Node,RBAC",
             "--allow-privileged=true",
-            # The `kubernetes` Service would get 127.0.0.1 as its endpoint, which Endpoints validation
-            # rejects (loopback), so the reconciler would log an error every few seconds. Nothing needs it.
-            "--endpoint-reconciler-type=none",
+            *node_flags,
             "--profiling=false",
         ),
     )
@@ -261,10 +281,13 @@ def kwok(files: Files, network: Network) -> Component:
     )
 
 
-def component_kubeconfigs(files: Files, ports: Ports) -> Mapping[pathlib.Path, dict[str, Any]]:
+def component_kubeconfigs(files: Files, ports: Ports, network: Network) -> Mapping[pathlib.Path, dict[str, Any]]:
     """The kubeconfig of every client: the admin one for users, one per component identity."""
-    server = server_url(ports)
-    configs = {files.kubeconfig: kubeconfig(server, files.pki, "admin", "epd-testenv")}
-    for name in ("kube-controller-manager", "kube-scheduler", "kwok"):
-        configs[files.component_kubeconfig(name)] = kubeconfig(server, files.pki, name, "epd-testenv")
+    server = server_url(ports, network)
+    configs = {files.kubeconfig: kubeconfig(server, files.pki, "admin", CONTEXT)}
+    names = ["kube-controller-manager", "kube-scheduler", "kwok"]
+    if network.real_node:
+        names += [identity.name for identity in pki_.NODE_CLIENTS if identity != pki_.KUBELET_CLIENT]
+    for name in names:
+        configs[files.component_kubeconfig(name)] = kubeconfig(server, files.pki, name, CONTEXT)
     return configs

@@ -61,6 +61,11 @@ def bin_dir() -> pathlib.Path:
     return pathlib.Path(override) if override else repo_root() / ".cache" / "bin"
 
 
+def containerd_root() -> pathlib.Path:
+    """The real node's containerd root (images and snapshots), a cache kept across clusters like the binaries."""
+    return repo_root() / ".cache" / "containerd"
+
+
 def binary(name: str) -> pathlib.Path:
     """The path of one pinned binary; fails with the command that builds it when it is missing."""
     path = bin_dir() / name

@@ -54,6 +54,21 @@ CLIENTS = (
     Identity(FRONT_PROXY_CLIENT, FRONT_PROXY_CLIENT),
 )
 
+REAL_NODE_NAME = "epd-real-node"
+KUBELET_CLIENT = Identity("kube-apiserver-kubelet-client", "kube-apiserver-kubelet-client", ("system:masters",))
+"""The apiserver's identity towards the kubelet (logs, exec, port-forward), as kubeadm names it."""
+NODE_CLIENTS = (
+    # The kubelet: the Node authorizer lets it write only its own node and its pods.
+    Identity(REAL_NODE_NAME, f"system:node:{REAL_NODE_NAME}", ("system:nodes",)),
+    # Bound to system:node-proxier by the apiserver's default RBAC.
+    Identity("kube-proxy", "system:kube-proxy"),
+    # CoreDNS reads Services, EndpointSlices, pods and namespaces: a master, like kwok, rather than RBAC
+    # objects the harness would have to create before it starts.
+    Identity("coredns", "epd-testenv:coredns", ("system:masters",)),
+    KUBELET_CLIENT,
+)
+"""The real node's identities (realnode.py), made only for a cluster that has one."""
+
 
 @dataclass(frozen=True)
 class Pki:
@@ -150,8 +165,11 @@ def _leaf(
     )
 
 
-def generate(directory: pathlib.Path) -> Pki:
-    """Write a fresh CA, serving certificate, client certificates and service-account key pair."""
+def generate(directory: pathlib.Path, *, extra_ips: tuple[str, ...] = (), real_node: bool = False) -> Pki:
+    """Write a fresh CA, serving certificate, client certificates and service-account key pair.
+
+    `extra_ips` join the serving certificate's addresses (with a real node: the bridge address and the
+    `kubernetes` Service's ClusterIP, which in-cluster clients dial); `real_node` adds NODE_CLIENTS."""
     directory.mkdir(parents=True, exist_ok=True)
     pki = Pki(directory)
 
@@ -182,14 +200,14 @@ def generate(directory: pathlib.Path) -> Pki:
 
     serving_key = _new_key()
     alt_names: list[x509.GeneralName] = [x509.DNSName(n) for n in SERVING_DNS_NAMES]
-    alt_names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in SERVING_IPS]
+    alt_names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in (*SERVING_IPS, *extra_ips)]
     serving = _builder(_name("kube-apiserver"), ca_name, serving_key).add_extension(
         x509.SubjectAlternativeName(alt_names), critical=False
     )
     _write_key(pki.serving_key, serving_key)
     _write_cert(pki.serving_cert, _leaf(serving, ExtendedKeyUsageOID.SERVER_AUTH, ca_key))
 
-    for identity in CLIENTS:
+    for identity in (*CLIENTS, *(NODE_CLIENTS if real_node else ())):
         key = _new_key()
         builder = _builder(_name(identity.user, identity.groups), ca_name, key)
         _write_key(pki.client_key(identity.name), key)

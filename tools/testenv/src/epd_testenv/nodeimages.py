@@ -1,0 +1,159 @@
+"""Images for the real node: the pod sandbox image made here, and the project's images copied from the build's
+storage (buildah/podman, images/build.sh) into containerd, where the kubelet finds them; nothing is pulled.
+
+A copy is `buildah push IMAGE docker-archive:-` streamed into `ctr images import`. containerd's root is a cache
+shared by clusters (realnode.NodeFiles), so an image is copied again only when its id changed: a file there
+records the id each name was imported from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import pathlib
+import subprocess
+import tarfile
+import time
+from collections.abc import Callable, Iterable
+
+from epd_testenv import layout, realnode
+
+IMPORTED_FILE = "epd-imported.json"
+IMPORT_TIMEOUT_S = 1800.0
+"""A multi-GB vLLM image takes minutes on a loaded 2-core machine."""
+
+
+class ImageError(Exception):
+    """An image is missing from the build's storage, or containerd refused it."""
+
+
+def _ctr(files: realnode.NodeFiles) -> list[str]:
+    return ["ctr", "--address", str(files.containerd_socket), "--namespace", realnode.CONTAINERD_NAMESPACE]
+
+
+def containerd_answers(files: realnode.NodeFiles) -> bool:
+    """containerd serves its API on the node's socket."""
+    if not files.containerd_socket.exists():
+        return False
+    result = subprocess.run([*_ctr(files), "version"], capture_output=True, timeout=10, check=False)
+    return result.returncode == 0
+
+
+def pause_archive(binary: pathlib.Path, name: str = realnode.PAUSE_IMAGE) -> bytes:
+    """A docker-archive holding one layer with /pause (tools/k8s/pause), its entrypoint."""
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w") as tar:
+        data = binary.read_bytes()
+        info = tarfile.TarInfo("pause")
+        info.size, info.mode, info.mtime = len(data), 0o755, 0
+        tar.addfile(info, io.BytesIO(data))
+    layer_bytes = layer.getvalue()
+    diff_id = hashlib.sha256(layer_bytes).hexdigest()
+    config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Entrypoint": ["/pause"]},
+            "rootfs": {"type": "layers", "diff_ids": [f"sha256:{diff_id}"]},
+        }
+    ).encode()
+    config_name = f"{hashlib.sha256(config).hexdigest()}.json"
+    manifest = json.dumps([{"Config": config_name, "RepoTags": [name], "Layers": [f"{diff_id}/layer.tar"]}]).encode()
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        for member, payload in (
+            (f"{diff_id}/layer.tar", layer_bytes),
+            (config_name, config),
+            ("manifest.json", manifest),
+        ):
+            info = tarfile.TarInfo(member)
+            info.size, info.mtime = len(payload), 0
+            tar.addfile(info, io.BytesIO(payload))
+    return archive.getvalue()
+
+
+def _built_id(tag: str) -> str:
+    """The id of a tag in the build's storage (images/build.sh commits to localhost/<tag>)."""
+    result = subprocess.run(
+        ["podman", "image", "inspect", "--format", "{{.Id}}", f"localhost/{tag}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise ImageError(f"image {tag} is not built here: run `make images-test` (or `make images-test-vllm`)")
+    return result.stdout.strip()
+
+
+def _imported(files: realnode.NodeFiles) -> dict[str, str]:
+    path = files.containerd_root / IMPORTED_FILE
+    try:
+        loaded: dict[str, str] = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return loaded
+
+
+def _record(files: realnode.NodeFiles, imported: dict[str, str]) -> None:
+    path = files.containerd_root / IMPORTED_FILE
+    path.write_text(json.dumps(imported, indent=2, sort_keys=True) + "\n")
+
+
+def _names_in_containerd(files: realnode.NodeFiles) -> set[str]:
+    listed = subprocess.run([*_ctr(files), "images", "list", "--quiet"], capture_output=True, text=True, check=False)
+    return set(listed.stdout.split())
+
+
+def _present(tag: str, names: set[str]) -> bool:
+    """containerd names a short tag with its registry host in front; ours are all short."""
+    return any(name == tag or name.endswith(f"/{tag}") for name in names)
+
+
+def import_images(files: realnode.NodeFiles, tags: Iterable[str], say: Callable[[str], None]) -> None:
+    """The pause image and each tag, in containerd, imported when missing or rebuilt since."""
+    imported = _imported(files)
+    present = _names_in_containerd(files)
+    pause_id = hashlib.sha256(layout.binary("pause").read_bytes()).hexdigest()
+    if imported.get(realnode.PAUSE_IMAGE) != pause_id or realnode.PAUSE_IMAGE not in present:
+        _ctr_import(files, pause_archive(layout.binary("pause")), realnode.PAUSE_IMAGE)
+        imported[realnode.PAUSE_IMAGE] = pause_id
+        _record(files, imported)
+    for tag in tags:
+        built = _built_id(tag)
+        if imported.get(tag) == built and _present(tag, present):
+            continue
+        say(f"cluster: copying image {tag} into the real node's containerd (once per build) ...")
+        began = time.monotonic()
+        _push_into_containerd(files, tag)
+        imported[tag] = built
+        _record(files, imported)
+        say(f"cluster:   ok ({time.monotonic() - began:.0f} s)")
+
+
+def _ctr_import(files: realnode.NodeFiles, archive: bytes, name: str) -> None:
+    result = subprocess.run([*_ctr(files), "images", "import", "-"], input=archive, capture_output=True, check=False)
+    if result.returncode != 0:
+        raise ImageError(f"ctr images import {name}: {result.stderr.decode(errors='replace').strip()}")
+
+
+def _push_into_containerd(files: realnode.NodeFiles, tag: str) -> None:
+    push = subprocess.Popen(
+        ["buildah", "push", "--quiet", f"localhost/{tag}", f"docker-archive:/dev/stdout:{tag}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert push.stdout is not None
+    imported = subprocess.run(
+        [*_ctr(files), "images", "import", "-"],
+        stdin=push.stdout,
+        capture_output=True,
+        timeout=IMPORT_TIMEOUT_S,
+        check=False,
+    )
+    push.stdout.close()
+    _, push_err = push.communicate(timeout=IMPORT_TIMEOUT_S)
+    if push.returncode != 0:
+        raise ImageError(f"buildah push {tag}: {push_err.decode(errors='replace').strip()}")
+    if imported.returncode != 0:
+        raise ImageError(f"ctr images import {tag}: {imported.stderr.decode(errors='replace').strip()}")

@@ -34,7 +34,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 import yaml
@@ -133,12 +133,36 @@ def total(page: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, 
     return sum(v for (n, ls), v in page.items() if n == name and want <= ls)
 
 
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+class Served(Protocol):
+    """A running E+P+D deployment as the checks below read it: as local processes (LocalEPD) or as real pods
+    (tests/e2e/pods)."""
+
+    @property
+    def endpoint(self) -> str:
+        """The proxy's base URL."""
+        ...
+
+    @property
+    def kv_prefix(self) -> str: ...
+
+    def metrics(self, role: Role) -> Samples: ...
+
+    def store_keys(self) -> set[str]: ...
+
+
 @dataclass
 class LocalEPD:
     """The running example and what its tests read."""
 
     plan: LocalPlan
     local: LocalDeployment
+
+    @property
+    def endpoint(self) -> str:
+        return self.plan.endpoint
 
     def instance(self, role: Role) -> Instance:
         return next(i for i in self.plan.instances if i.role is role)
@@ -189,7 +213,7 @@ class DecodeCounts:
     from_p2p: float
 
     @staticmethod
-    def read(epd: LocalEPD) -> DecodeCounts:
+    def read(epd: Served) -> DecodeCounts:
         page = epd.metrics(Role.DECODE)
         source = "vllm:prompt_tokens_by_source_total"
         return DecodeCounts(
@@ -205,7 +229,7 @@ class DecodeCounts:
         return DecodeCounts(*(getattr(self, f.name) - getattr(before, f.name) for f in dataclasses.fields(self)))
 
 
-def decode_counts_after(epd: LocalEPD, before: DecodeCounts, requests: int) -> DecodeCounts:
+def decode_counts_after(epd: Served, before: DecodeCounts, requests: int) -> DecodeCounts:
     """The decode's counters once it has recorded `requests` more finished requests (they lag the answer)."""
     deadline = time.monotonic() + SETTLE_S
     while True:
@@ -297,7 +321,7 @@ CASES: dict[str, list[list[dict[str, Any]] | str]] = {
 """Each case's requests, sent in order (the last case sends an image a second time, with another question)."""
 
 
-def serve_case(epd: LocalEPD, baseline: VllmInstance, case: str, stream: bool, label: str) -> DecodeCounts:
+def serve_case(epd: Served, baseline: VllmInstance, case: str, stream: bool, label: str) -> DecodeCounts:
     """Send a case's requests through the proxy: each answer equals the baseline's, and every image went to the
     encoder and on as a reference. Returns what the decode's counters moved by."""
     proxy_before = epd.metrics(Role.PROXY)
@@ -307,7 +331,7 @@ def serve_case(epd: LocalEPD, baseline: VllmInstance, case: str, stream: bool, l
         expected = tokens(baseline.post("/v1/chat/completions", chat(content)))
         assert len(expected[1]) == MAX_TOKENS
         begun = time.monotonic()
-        got = ask(epd.plan.endpoint, chat(content, stream=stream))
+        got = ask(epd.endpoint, chat(content, stream=stream))
         TIMINGS.add(f"{label} request: {case}, {'streamed' if stream else 'whole'}", time.monotonic() - begun)
         assert got == expected, f"{case}: the {label} deployment answered {got}, the baseline {expected}"
         images += sum(1 for part in content if isinstance(part, dict) and part["type"] == "image_url")
@@ -319,7 +343,7 @@ def serve_case(epd: LocalEPD, baseline: VllmInstance, case: str, stream: bool, l
     return decode_counts_after(epd, before, len(CASES[case]))
 
 
-def new_store_keys(epd: LocalEPD, before: set[str]) -> set[str]:
+def new_store_keys(epd: Served, before: set[str]) -> set[str]:
     """The keys the store gained since `before` (the prefill writes asynchronously: waits up to SETTLE_S for
     the first), after checking that every key it holds is under the deployment's KV prefix."""
     deadline = time.monotonic() + SETTLE_S

@@ -236,6 +236,31 @@ def restore(files: realnode.NodeFiles) -> None:
             OWNER_FILE.unlink()
 
 
+def added_chains(files: realnode.NodeFiles) -> list[str]:
+    """KUBE-/CNI- chains that exist now and did not when the node started (none, with our settings)."""
+    record = Record(**json.loads((files.dir / RECORD_FILE).read_text()))
+    return [
+        f"{key} chain {c}"
+        for key, chains in _chains().items()
+        for c in chains
+        if _ADDED_CHAIN.match(c) and c not in record.chains.get(key, [])
+    ]
+
+
+def kube_proxy_tables() -> list[str]:
+    """kube-proxy's nftables tables that exist now."""
+    return [
+        f"{family} {table}"
+        for family, table in NFT_TABLES
+        if table == "kube-proxy" and _run("nft", "list", "table", family, table, check=False).returncode == 0
+    ]
+
+
+def sysctls() -> dict[str, str | None]:
+    """The kernel settings the node may change, as they are now."""
+    return {name: _read_sysctl(name) for name in SYSCTLS}
+
+
 def leftovers(network: realnode.NodeNetwork, files: realnode.NodeFiles) -> list[str]:
     """What of the node is still on the machine (empty after a clean `restore`): for tests and `status`."""
     found = []

@@ -1,0 +1,218 @@
+"""The real-pod tier: the local control plane with a real node (epd_testenv.realnode: containerd, kubelet,
+kube-proxy, CoreDNS on the harness's bridge in 198.18.0.0/15), the operator installed by its chart from its built
+image, and the examples served by real containers the operator created.
+
+One cluster for the whole package, in its own state folder (.run/test-real-node); the built images (the CPU
+flavour of vLLM among them) are copied into the node's containerd once per build. When the package is done the
+cluster stops and the machine must hold nothing of the node: no bridge, nftables table, KUBE-/CNI- chain, mount
+or pod cgroup (nodehost.leftovers), or the teardown fails. Tests reach pods only through `kubectl port-forward`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pathlib
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from epd_connectors.config.bundle import Role
+from epd_operator.api import constants as c
+from epd_operator.derive import ports
+from epd_operator.render.pod import RUN_AS_USER
+from epd_testenv import cluster, layout, nodehost, realdeploy, realnode
+from tests.e2e.conftest import REPO, TIMINGS, progress
+from tests.e2e.pods.kube import Kubectl, condition, eventually
+from tests.e2e.test_local_e_p_d import Samples, samples
+from tests.unit.packaging.image_list import cpu_tags, tags
+
+STATE_DIR = REPO / ".run" / "test-real-node"
+OPERATOR_NAMESPACE = "epd-system"
+RELEASE = "epd"
+OPERATOR = f"{RELEASE}-epd-operator"
+"""The chart's full name for this release: its Deployment, ServiceAccount and metrics Service prefix."""
+ESCAPED_NODE_LABEL = realnode.REAL_NODE_LABEL.replace(".", "\\.")
+"""The real node's label as a helm --set key (dots in a key are escaped)."""
+READY_TIMEOUT_S = float(os.environ.get("EPD_PODS_READY_TIMEOUT_S", "900"))
+"""Until an EPDDeployment is Ready: three vLLM pods load the model at once on 2 cores (about 2 minutes here)."""
+
+
+def node_images() -> tuple[str, ...]:
+    """What the real node runs: the operator, proxy and Mooncake images, and the CPU flavour of vLLM."""
+    built = tags()
+    return (built["operator"], built["proxy"], built["mooncake"], cpu_tags()["vllm"])
+
+
+@dataclass
+class RealCluster:
+    local: cluster.Cluster
+    kubectl: Kubectl
+    helm: pathlib.Path
+
+    def helm_run(self, *args: str) -> str:
+        home = self.local.state_dir / "helm"
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.local.kubeconfig),
+            "HELM_CACHE_HOME": str(home / "cache"),
+            "HELM_CONFIG_HOME": str(home / "config"),
+            "HELM_DATA_HOME": str(home / "data"),
+        }
+        done = subprocess.run(
+            [str(self.helm), *args], env=env, capture_output=True, text=True, timeout=300, check=False
+        )
+        assert done.returncode == 0, f"helm {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
+        return done.stdout
+
+
+@pytest.fixture(scope="package")
+def real_cluster(request: pytest.FixtureRequest) -> Iterator[RealCluster]:
+    """The cluster with its real node and the operator installed by `helm install charts/epd-operator`."""
+    say = progress(request.config)
+    for name in ("kube-apiserver", "kubelet", "kube-proxy", "coredns", "pause", "kubectl", "helm"):
+        layout.binary(name)
+    state_dir, claim = layout.claim_state_dir(STATE_DIR)
+    settings = cluster.Settings(real_node=realnode.NodeNetwork(), node_images=node_images())
+    local = cluster.Cluster(state_dir, settings, say=say)
+    kernel_before = nodehost.sysctls()
+    with claim:
+        began = time.monotonic()
+        local.up()
+        TIMINGS.add("real node: cluster up (images copied when rebuilt)", time.monotonic() - began)
+        try:
+            real = RealCluster(local, Kubectl(layout.binary("kubectl"), local.kubeconfig), layout.binary("helm"))
+            began = time.monotonic()
+            real.helm_run(
+                "install", RELEASE, str(REPO / "charts" / "epd-operator"),
+                "--namespace", OPERATOR_NAMESPACE, "--create-namespace",
+                "--set-string", f"nodeSelector.{ESCAPED_NODE_LABEL}=true",
+                "--wait", "--timeout", "180s",
+            )  # fmt: skip
+            TIMINGS.add("real node: helm install, operator Ready", time.monotonic() - began)
+            yield real
+            if request.session.testsfailed:
+                log = real.kubectl.run("logs", "-n", OPERATOR_NAMESPACE, f"deploy/{OPERATOR}", "--tail=60", check=False)
+                say(f"--- operator log tail ---\n{log}")
+        finally:
+            local.down()
+    left = nodehost.leftovers(realnode.NodeNetwork(), local.node_files)
+    assert not left, f"the real node left these on the machine: {left}"
+    assert nodehost.sysctls() == kernel_before, "the kernel settings the kubelet changed were not restored"
+
+
+# -- one EPDDeployment on real pods
+
+
+def workload(name: str, role: Role) -> str:
+    return f"{name}-{role.value}"
+
+
+@dataclass
+class RealEPD:
+    """An example running on the real node, reached through port-forwards (kept open while it lives)."""
+
+    kubectl: Kubectl
+    name: str
+    namespace: str
+    endpoint: str = ""
+    forwards: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    role_urls: dict[Role, str] = field(default_factory=dict)
+
+    def get(self) -> dict[str, Any]:
+        found: dict[str, Any] = self.kubectl.json("get", c.PLURAL, "-n", self.namespace, self.name)
+        return found
+
+    def forward(self, target: str, port: int) -> str:
+        return self.forwards.enter_context(self.kubectl.port_forward(self.namespace, target, port))
+
+    def url(self, role: Role) -> str:
+        """A port-forward to the role's Service (opened on first use)."""
+        if role not in self.role_urls:
+            port = {Role.PROXY: ports.PROXY_PORT, Role.MASTER: MASTER_METRICS_PORT}.get(role, ports.VLLM_HTTP_PORT)
+            self.role_urls[role] = self.forward(f"svc/{workload(self.name, role)}", port)
+        return self.role_urls[role]
+
+    def metrics(self, role: Role) -> Samples:
+        return samples(get_text(f"{self.url(role)}/metrics"))
+
+    def store_keys(self) -> set[str]:
+        text = get_text(f"{self.url(Role.MASTER)}/get_all_keys")
+        return {line.strip() for line in text.splitlines() if line.strip()}
+
+    @property
+    def kv_prefix(self) -> str:
+        return str(self.get()["status"]["kvCachePrefix"])
+
+    def log(self, role: Role) -> str:
+        return self.kubectl.run("logs", "-n", self.namespace, f"deploy/{workload(self.name, role)}", check=False)
+
+    def pods(self) -> list[dict[str, Any]]:
+        return self.kubectl.pods(self.namespace, f"{c.LABEL_INSTANCE}={self.name}")
+
+
+MASTER_METRICS_PORT = 9003
+"""spec.store.master.metricsPort's default (the examples keep it)."""
+
+
+def get_text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return str(response.read().decode())
+
+
+def tiny_model_for_pods(tiny_model: pathlib.Path) -> pathlib.Path:
+    """The model folder as a hostPath the pods' user can read (every folder above it searchable)."""
+    for folder in (tiny_model, *tiny_model.parents):
+        assert folder.stat().st_mode & 0o005 == 0o005 or folder == pathlib.Path("/"), (
+            f"{folder} is not readable by the pods' user {RUN_AS_USER}"
+        )
+    return tiny_model
+
+
+@contextlib.contextmanager
+def deployed(
+    request: pytest.FixtureRequest,
+    real: RealCluster,
+    example: pathlib.Path,
+    tiny_model: pathlib.Path,
+    workdir: pathlib.Path,
+    label: str,
+) -> Iterator[RealEPD]:
+    """The example applied with realdeploy's changes, Ready, its proxy forwarded; deleted at the end, and gone
+    (every child and container) before the next one starts."""
+    say = progress(request.config)
+    shared = workdir / "shared"
+    shared.mkdir(parents=True, exist_ok=True)
+    os.chown(shared, RUN_AS_USER, RUN_AS_USER)
+    site = realdeploy.RealNodeSite(cpu_tags()["vllm"], tiny_model_for_pods(tiny_model), shared)
+    owner, manifest = realdeploy.manifest(example, site)
+    kubectl = real.kubectl
+    began = time.monotonic()
+    kubectl.apply(json.dumps(manifest))
+    epd = RealEPD(kubectl, owner.name, owner.namespace)
+    try:
+        eventually(lambda: is_ready(epd.get()), f"{label} Ready on the real node", READY_TIMEOUT_S, poll_s=2)
+        TIMINGS.add(f"{label} on real pods: applied to Ready", time.monotonic() - began)
+        say(f"{label}: Ready on real pods in {time.monotonic() - began:.0f} s")
+        with epd.forwards:
+            epd.endpoint = epd.url(Role.PROXY)
+            yield epd
+            if request.session.testsfailed:
+                for pod in epd.pods():
+                    name = pod["metadata"]["name"]
+                    tail = kubectl.run("logs", "-n", epd.namespace, name, "--tail=30", check=False)
+                    say(f"--- pod {name} log tail ---\n{tail}")
+    finally:
+        kubectl.run("delete", c.PLURAL, "-n", owner.namespace, owner.name, "--wait=true", "--timeout=120s", check=False)
+        eventually(lambda: not epd.pods(), f"every pod of {label} gone", 180, poll_s=2)
+
+
+def is_ready(obj: dict[str, Any]) -> bool:
+    ready = condition(obj, "Ready")
+    return ready is not None and ready.get("status") == "True"

@@ -1,0 +1,82 @@
+"""An example EPDDeployment made to run on the real node: a pure function from the example to the manifest applied.
+
+Every change is a spec field a user could write, so the operator renders the pods exactly as it would for them:
+the local CPU profile (epd_operator.local.profile, the values measured with the CPU build of vLLM), the CPU
+flavour of the vLLM image, the tiny model and the shared folder as hostPaths on this machine, every component
+placed on the real node by a nodeSelector (the simulated nodes beside it would otherwise take some), and CPU
+requests small enough for a 2-core node.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from epd_operator.api import constants as c
+from epd_operator.api.resource import Owner
+from epd_operator.api.spec import EPDDeploymentSpec
+from epd_operator.local import plan, profile
+from epd_testenv import realnode
+
+
+def _on_real_node() -> dict[str, str]:
+    return {realnode.REAL_NODE_LABEL: "true"}
+
+
+def _small_requests() -> dict[str, Any]:
+    """For the master and the proxy (1 CPU each by default: with the operator that is more than 2 cores)."""
+    return {"requests": {"cpu": "100m", "memory": "256Mi"}}
+
+
+@dataclass(frozen=True)
+class RealNodeSite:
+    """What the manifest needs from this machine."""
+
+    vllm_image: str
+    """The CPU flavour's tag (images.txt, third column)."""
+    model_dir: pathlib.Path
+    """The tiny model's folder (world-readable: the pods run as user 10001)."""
+    shared_dir: pathlib.Path | None = None
+    """A folder owned by the pods' user, for the shared-storage (ECExample) connector."""
+
+
+def manifest(example: pathlib.Path, site: RealNodeSite) -> tuple[Owner, dict[str, Any]]:
+    """The example's owner and the EPDDeployment to apply."""
+    owner, spec = plan.load_manifest(example)
+    spec, _ = profile.apply_profile(spec, profile.CPU)
+    body = spec_for_real_node(spec, site)
+    return owner, {
+        "apiVersion": c.API_VERSION,
+        "kind": c.KIND,
+        "metadata": {"name": owner.name, "namespace": owner.namespace},
+        "spec": body,
+    }
+
+
+def spec_for_real_node(spec: EPDDeploymentSpec, site: RealNodeSite) -> dict[str, Any]:
+    body: dict[str, Any] = spec.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+    body.setdefault("images", {})["vllm"] = site.vllm_image
+    body["model"]["source"] = {"hostPath": {"path": str(site.model_dir)}}
+    if "sharedStorage" in body:
+        if site.shared_dir is None:
+            raise ValueError("the example uses spec.sharedStorage: give RealNodeSite.shared_dir")
+        body["sharedStorage"] = {"hostPath": {"path": str(site.shared_dir)}}
+    for role in ("encoder", "prefill", "decode"):
+        if role in body:
+            body[role]["nodeSelector"] = _on_real_node()
+    proxy = body.setdefault("proxy", {})
+    proxy["nodeSelector"] = _on_real_node()
+    proxy["resources"] = _small_requests()
+    if spec.store is not None:
+        master = body["store"].setdefault("master", {})
+        master["nodeSelector"] = _on_real_node()
+        master["resources"] = _small_requests()
+        body["store"].setdefault("clients", {})["nodeSelector"] = _on_real_node()
+    return body
+
+
+def dump(document: dict[str, Any]) -> str:
+    return yaml.safe_dump(document, sort_keys=False)

@@ -10,6 +10,7 @@ from typing import Any
 
 import aiohttp
 
+from epd_connectors.config.bundle import PROXY_LIVENESS_PATH
 from epd_connectors.proxy.app import ProxyApp
 from epd_connectors.proxy.roster import ProxyRole
 from epd_connectors.proxy.settings import Limits, ProxyOptions, Timeouts
@@ -168,7 +169,8 @@ def test_malformed_requests_get_400_with_a_message() -> None:
 
 
 def test_no_healthy_instance_is_503_and_health_says_which_role() -> None:
-    """Stand-in PD whose /health answers 503: the prober evicts it; a request then has nowhere to go."""
+    """Stand-in PD whose /health answers 503: the prober evicts it; a request then has nowhere to go. The proxy's
+    own liveness answers all along."""
 
     async def main() -> None:
         pd = StandIn("pd0", health=503)
@@ -179,12 +181,15 @@ def test_no_healthy_instance_is_503_and_health_says_which_role() -> None:
                 status, body = await post_json(session, url + "/v1/chat/completions", chat())
                 async with session.get(url + "/health") as r:
                     health_status, health = r.status, await r.json()
+                async with session.get(url + PROXY_LIVENESS_PATH) as r:
+                    live = r.status
                 pd.health = 200
                 await asyncio.sleep(0.3)
                 async with session.get(url + "/health") as r:
                     recovered = r.status
         assert status == 503 and "no healthy pd" in body["error"]["message"]
         assert health_status == 503 and health["roles"] == {"pd": False}
+        assert live == 200, "liveness follows the backends: a kubelet would restart a proxy that only waits"
         assert recovered == 200
         assert pd.requests == []
 

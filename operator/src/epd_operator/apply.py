@@ -266,13 +266,24 @@ async def delete(client: _kube.Requester, obj: dict[str, Any]) -> None:
         await client.request("DELETE", f"{kind.collection(meta['namespace'])}/{meta['name']}", body=body)
 
 
+_FOLLOWS = {"RoleBinding": "Role"}
+"""A RoleBinding sent with its Role may arrive first: without the `bind` verb the operator may bind only rules
+it holds, and the apiserver cannot check a Role that does not exist yet (404; seen on a real node)."""
+
+
 def _batches(objects: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """Consecutive non-workload objects form one batch (sent at once); each workload is a batch of its own,
     so workloads start in the render's order (store, encoders, language-model roles, proxy last) and after
-    the ConfigMaps and Services they use."""
+    the ConfigMaps and Services they use. A RoleBinding starts a batch after its Role's."""
     batches: list[list[dict[str, Any]]] = []
     for obj in objects:
-        if obj["kind"] in WORKLOAD_KINDS or not batches or batches[-1][-1]["kind"] in WORKLOAD_KINDS:
+        after = _FOLLOWS.get(obj["kind"])
+        if (
+            obj["kind"] in WORKLOAD_KINDS
+            or not batches
+            or batches[-1][-1]["kind"] in WORKLOAD_KINDS
+            or (after is not None and any(o["kind"] == after for o in batches[-1]))
+        ):
             batches.append([obj])
         else:
             batches[-1].append(obj)

@@ -182,6 +182,7 @@ def deployed(
     example: pathlib.Path,
     tiny_model: pathlib.Path,
     workdir: pathlib.Path,
+    *,
     label: str,
 ) -> Iterator[RealEPD]:
     """The example applied with realdeploy's changes, Ready, its proxy forwarded; deleted at the end, and gone

@@ -92,7 +92,7 @@ def eventually(check: Callable[[], T | None], what: str, timeout_s: float, poll_
             result = check()
             if result:
                 return result
-        except Exception as error:  # noqa: BLE001 - the last one is shown when the deadline passes
+        except Exception as error:  # any failure means not yet; the last one is shown at the deadline
             last = error
         if time.monotonic() > deadline:
             raise AssertionError(

@@ -54,9 +54,11 @@ def test_the_operator_runs_from_its_image_under_the_charts_service_account(real_
     assert status["ready"] and status["image"].endswith(tags()["operator"]), status
     log = real_cluster.kubectl.run("logs", "-n", OPERATOR_NAMESPACE, pod["metadata"]["name"])
     assert "Activity 'startup' succeeded" in log, log[-2000:]
-    with real_cluster.kubectl.port_forward(OPERATOR_NAMESPACE, f"svc/{OPERATOR}-metrics", 9090) as url:
-        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
-            page = response.read().decode()
+    with (
+        real_cluster.kubectl.port_forward(OPERATOR_NAMESPACE, f"svc/{OPERATOR}-metrics", 9090) as url,
+        urllib.request.urlopen(f"{url}/metrics", timeout=10) as response,
+    ):
+        page = response.read().decode()
     assert "epd_operator_reconciles" in page
 
 

@@ -202,6 +202,14 @@ def test_workloads_follow_the_objects_they_use_in_order() -> None:
     assert names == ["demo-encoder", "demo-prefill", "demo-proxy"]
 
 
+def test_a_role_binding_is_sent_after_its_role() -> None:
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "p", "namespace": "ns"}}
+    binding = {**role, "kind": "RoleBinding"}
+    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "p", "namespace": "ns"}}
+    batches = apply._batches([account, role, binding, obj("ConfigMap", "c")])
+    assert [[o["kind"] for o in b] for b in batches] == [["ServiceAccount", "Role"], ["RoleBinding", "ConfigMap"]]
+
+
 def test_an_unmanaged_kind_is_refused_before_any_write() -> None:
     api = FakeApi()
     odd = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "x", "namespace": "ns"}}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -71,6 +71,12 @@ class Peers(ConfigModel):
     pd: list[Endpoint] = Field(default_factory=list)
     ec_consumers: list[str] = Field(default_factory=list)
     """EC control addresses (tcp://host:port) of every consumer rank, in the order the proxy addresses them."""
+
+
+PROXY_READINESS_PATH: Final = "/health"
+"""200 only when every required role has a healthy instance."""
+PROXY_LIVENESS_PATH: Final = "/livez"
+"""200 while the proxy serves at all: a liveness probe must not restart it while vLLM is still loading."""
 
 
 class ProxySettings(ConfigModel):

@@ -1,10 +1,11 @@
 """The proxy as a plain ASGI application with a lifespan: routes, client I/O, disconnects and error answers.
 
 POST /v1/chat/completions and /v1/completions run the request `flow`; GET /v1/models is answered by a
-generating instance; GET /health is 200 only when every required role has a healthy instance; GET /metrics is
-Prometheus text. A client that disconnects cancels the work for it, which closes the backend connections, and
-vLLM aborts what it was doing. Everything the client sees on failure is an OpenAI-style error object; a stream
-that fails after its first byte ends with an error event.
+generating instance; GET /health is 200 only when every required role has a healthy instance (readiness); GET
+/livez is 200 while the proxy serves at all (liveness: backends still loading must not get it restarted); GET
+/metrics is Prometheus text. A client that disconnects cancels the work for it, which closes the backend
+connections, and vLLM aborts what it was doing. Everything the client sees on failure is an OpenAI-style error
+object; a stream that fails after its first byte ends with an error event.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
 from typing import Any
 
+from epd_connectors.config.bundle import PROXY_LIVENESS_PATH, PROXY_READINESS_PATH
 from epd_connectors.proxy import routing
 from epd_connectors.proxy.backend import Backend, dumps, loads
 from epd_connectors.proxy.errors import (
@@ -78,11 +80,13 @@ class ProxyApp:
                 await _send_json(send, 405, {"error": {"message": f"{path} takes POST", "code": 405}})
                 return
             await self._completion(scope, receive, send)
-        elif path == "/health" and method in ("GET", "HEAD"):
+        elif path == PROXY_READINESS_PATH and method in ("GET", "HEAD"):
             roles = self.roster.healthy_roles()
             ok = all(roles.values())
             payload = {"status": "healthy" if ok else "unhealthy", "roles": {r.value: v for r, v in roles.items()}}
             await _send_json(send, 200 if ok else 503, payload)
+        elif path == PROXY_LIVENESS_PATH and method in ("GET", "HEAD"):
+            await _send_json(send, 200, {"status": "serving"})
         elif path == "/metrics" and method == "GET":
             await _send(send, 200, CONTENT_TYPE.encode(), self.metrics.render(self.roster))
         elif path == "/v1/models" and method == "GET":

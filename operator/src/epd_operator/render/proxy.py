@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from epd_connectors.config.bundle import Endpoint, Peers, ProxySettings, Role, RoleBundle
+from epd_connectors.config.bundle import (
+    PROXY_LIVENESS_PATH,
+    PROXY_READINESS_PATH,
+    Endpoint,
+    Peers,
+    ProxySettings,
+    Role,
+    RoleBundle,
+)
 from epd_operator.api import constants as c
 from epd_operator.derive import ports
 from epd_operator.render import meta, objects, transfer
@@ -135,8 +143,10 @@ def render_proxy_deployment(ctx: Context, unit: Unit, bundle_json: str) -> dict[
         bundle_json=bundle_json,
         ports={ports.HTTP: ports.PROXY_PORT},
         probes=Probes(
-            readiness=http_get("/health", ports.HTTP, period_s=5, failures=3),
-            liveness=http_get("/health", ports.HTTP, period_s=10, failures=6),
+            readiness=http_get(PROXY_READINESS_PATH, ports.HTTP, period_s=5, failures=3),
+            # Not /health: that is 503 until every role has a ready instance, and vLLM takes minutes to load,
+            # so a liveness probe on it restarted the proxy while the model roles started (seen on a real node).
+            liveness=http_get(PROXY_LIVENESS_PATH, ports.HTTP, period_s=10, failures=6),
         ),
         resources=resources,
         node_selector=ctx.spec.proxy.node_selector,

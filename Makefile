@@ -13,14 +13,14 @@ export PATH := $(CURDIR)/$(BIN_DIR):$(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: help setup setup-apt setup-python setup-k8s-tools lint fmt test test-fast test-unit test-cluster test-store \
         setup-e2e test-e2e cluster-up cluster-down cluster-status demo demo-local bench clean crds images images-test \
-        images-test-vllm images-resolve-gpu test-images
+        images-test-vllm images-resolve-gpu test-images test-pods
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 setup: setup-apt setup-python setup-k8s-tools ## install everything a fresh machine needs (idempotent)
 
-setup-apt: ## Debian packages the tests need (libibverbs1 for Mooncake's binaries)
+setup-apt: ## Debian packages the tests need (libibverbs1 for Mooncake's binaries; containerd, runc, CNI, nftables for the real node)
 	@hack/setup-apt.sh
 
 setup-python: ## .venv with both packages editable and the test tools
@@ -77,6 +77,9 @@ test-cluster: setup images-test ## tests against the local control plane (one ru
 test-images: setup images-test ## the built images run as podman containers from rendered pod templates
 	$(PYTEST) -m images
 
+test-pods: setup setup-e2e images-test images-test-vllm ## the real-pod tier: the operator and the examples on the cluster's real node (root)
+	EPD_E2E_VENV=$(VENV_E2E) $(PYTEST) -m pods tests/e2e/pods
+
 setup-e2e: ## .venv-e2e: the CPU build of vLLM (5.4 GB, pinned) and the tiny test model (idempotent)
 	@hack/setup-e2e.sh $(VENV_E2E)
 
@@ -92,8 +95,9 @@ cluster-status: setup-python ## state of the local control plane
 cluster-down: ## stop the local control plane
 	@if [ -x $(PY) ]; then $(PY) -m epd_testenv.cli down; fi
 
-demo: setup ## bring the cluster up, run the operator and deploy the sample EPDDeployments until Ready
-	$(PY) -m epd_testenv.demo
+demo: setup setup-e2e images-test images-test-vllm ## the cluster with a real node: the simulated GPU fleet, then the tiny E+PD on real pods answers an image question
+	@model=$$(HF_HUB_OFFLINE=1 $(VENV_E2E)/bin/python tools/tinymodel/make_tiny_qwen2vl.py --quiet | tail -n 1); \
+	$(PY) -m epd_testenv.demo --model "$$model"
 
 DEMO_LOCAL      ?= examples/local-e-pd.yaml
 DEMO_LOCAL_ARGS ?=

@@ -31,7 +31,7 @@ from epd_testenv import cluster, layout, nodehost, realdeploy, realnode
 from tests.e2e.conftest import REPO, TIMINGS, progress
 from tests.e2e.pods.kube import Kubectl, condition, eventually
 from tests.e2e.test_local_e_p_d import Samples, samples
-from tests.unit.packaging.image_list import cpu_tags, tags
+from tests.unit.packaging.image_list import cpu_tags
 
 STATE_DIR = REPO / ".run" / "test-real-node"
 OPERATOR_NAMESPACE = "epd-system"
@@ -42,12 +42,6 @@ ESCAPED_NODE_LABEL = realnode.REAL_NODE_LABEL.replace(".", "\\.")
 """The real node's label as a helm --set key (dots in a key are escaped)."""
 READY_TIMEOUT_S = float(os.environ.get("EPD_PODS_READY_TIMEOUT_S", "900"))
 """Until an EPDDeployment is Ready: three vLLM pods load the model at once on 2 cores (about 2 minutes here)."""
-
-
-def node_images() -> tuple[str, ...]:
-    """What the real node runs: the operator, proxy and Mooncake images, and the CPU flavour of vLLM."""
-    built = tags()
-    return (built["operator"], built["proxy"], built["mooncake"], cpu_tags()["vllm"])
 
 
 @dataclass
@@ -79,7 +73,7 @@ def real_cluster(request: pytest.FixtureRequest) -> Iterator[RealCluster]:
     for name in ("kube-apiserver", "kubelet", "kube-proxy", "coredns", "pause", "kubectl", "helm"):
         layout.binary(name)
     state_dir, claim = layout.claim_state_dir(STATE_DIR)
-    settings = cluster.Settings(real_node=realnode.NodeNetwork(), node_images=node_images())
+    settings = cluster.Settings(real_node=realnode.NodeNetwork(), node_images=layout.real_node_images())
     local = cluster.Cluster(state_dir, settings, say=say)
     kernel_before = nodehost.sysctls()
     with claim:
@@ -184,6 +178,7 @@ def deployed(
     workdir: pathlib.Path,
     *,
     label: str,
+    max_surge: int = 0,
 ) -> Iterator[RealEPD]:
     """The example applied with realdeploy's changes, Ready, its proxy forwarded; deleted at the end, and gone
     (every child and container) before the next one starts."""
@@ -192,7 +187,7 @@ def deployed(
     shared.mkdir(parents=True, exist_ok=True)
     os.chown(shared, RUN_AS_USER, RUN_AS_USER)
     site = realdeploy.RealNodeSite(cpu_tags()["vllm"], tiny_model_for_pods(tiny_model), shared)
-    owner, manifest = realdeploy.manifest(example, site)
+    owner, manifest = realdeploy.manifest(example, site, max_surge=max_surge)
     kubectl = real.kubectl
     began = time.monotonic()
     kubectl.apply(json.dumps(manifest))

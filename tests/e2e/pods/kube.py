@@ -10,17 +10,14 @@ from __future__ import annotations
 import contextlib
 import json
 import pathlib
-import re
 import subprocess
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, TypeVar
 
-T = TypeVar("T")
+from epd_testenv import portforward
 
-FORWARDING = re.compile(r"Forwarding from 127\.0\.0\.1:(\d+) ->")
-PORT_FORWARD_START_S = 30.0
+T = TypeVar("T")
 
 
 class Kubectl:
@@ -51,36 +48,9 @@ class Kubectl:
         listed: list[dict[str, Any]] = self.json("get", "pods", "-n", namespace, "-l", selector)["items"]
         return listed
 
-    @contextlib.contextmanager
-    def port_forward(self, namespace: str, target: str, port: int) -> Iterator[str]:
-        """`kubectl port-forward TARGET :PORT` on 127.0.0.1; yields its base URL (http://127.0.0.1:N). Its
-        output goes to a file: it writes a line per connection, which would fill a pipe nobody reads."""
-        with tempfile.TemporaryFile("w+") as log:
-            process = subprocess.Popen(
-                self.argv("port-forward", "-n", namespace, "--address", "127.0.0.1", target, f":{port}"),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-            try:
-                deadline = time.monotonic() + PORT_FORWARD_START_S
-                while True:
-                    log.seek(0)
-                    text = log.read()
-                    found = FORWARDING.search(text)
-                    if found is not None:
-                        break
-                    if process.poll() is not None or time.monotonic() > deadline:
-                        raise AssertionError(f"kubectl port-forward {target} :{port} did not start: {text}")
-                    time.sleep(0.05)
-                yield f"http://127.0.0.1:{found.group(1)}"
-            finally:
-                process.terminate()
-                try:
-                    process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+    def port_forward(self, namespace: str, target: str, port: int) -> contextlib.AbstractContextManager[str]:
+        """`kubectl port-forward TARGET :PORT` on 127.0.0.1; its base URL while the context lasts."""
+        return portforward.port_forward(self.argv(), namespace, target, port)
 
 
 def eventually(check: Callable[[], T | None], what: str, timeout_s: float, poll_s: float = 1.0) -> T:

@@ -11,10 +11,11 @@ import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionChunk
 
 from epd_connectors.config.bundle import Role
 from epd_testenv import realnode
@@ -101,7 +102,7 @@ def test_the_official_openai_client_streams_the_baselines_answer(epd: RealEPD, b
     content: list[dict[str, Any]] = [image(22), text("What is in this image?")]
     expected = tokens(baseline.post("/v1/chat/completions", chat(content)))
     client = openai.OpenAI(base_url=f"{epd.endpoint}/v1", api_key="unused", max_retries=0, timeout=120)
-    stream = client.chat.completions.create(
+    created = client.chat.completions.create(
         model=SERVED_MODEL,
         messages=[{"role": "user", "content": content}],  # type: ignore[list-item,misc]
         max_tokens=MAX_TOKENS,
@@ -111,6 +112,7 @@ def test_the_official_openai_client_streams_the_baselines_answer(epd: RealEPD, b
         stream=True,
         extra_body={"ignore_eos": True},
     )
+    stream = cast("openai.Stream[ChatCompletionChunk]", created)  # stream=True: the chunks' overload
     answer, toks = "", []
     for event in stream:
         for choice in event.choices:

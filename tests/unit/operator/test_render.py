@@ -451,3 +451,22 @@ def test_derive_and_render_stay_pure(module: Path) -> None:
     bad = [m for m in imported if any(m == f or m.startswith(f + ".") for f in FORBIDDEN)]
     assert not bad, f"{module.name} imports {bad}"
     assert ast.get_docstring(tree), f"{module.name} needs a docstring saying why it exists"
+
+
+def test_placement_and_surge_reach_every_workload_that_asks() -> None:
+    """nodeSelector on the proxy and the master (beside the roles'), and maxSurge on a model role's rollout."""
+    spec = example(OFFLOAD)
+    spec["proxy"] = {"nodeSelector": {"pool": "cpu"}}
+    spec["store"]["master"] = {"nodeSelector": {"pool": "cpu"}}
+    spec["decode"]["maxSurge"] = 1
+    found = by_key(render(spec))
+    for workload in ("demo-proxy", "demo-master"):
+        assert found[("Deployment", workload)]["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "cpu"}
+    assert found[("Deployment", "demo-decode")]["spec"]["strategy"]["rollingUpdate"] == {
+        "maxSurge": 1,
+        "maxUnavailable": 0,
+    }
+    assert found[("Deployment", "demo-encoder")]["spec"]["strategy"]["rollingUpdate"] == {
+        "maxSurge": 0,
+        "maxUnavailable": 1,
+    }

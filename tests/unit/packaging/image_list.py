@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pathlib
 
+from epd_testenv import layout
+
 REPO = pathlib.Path(__file__).resolve().parents[3]
 IMAGES_TXT = REPO / "images" / "images.txt"
 E2E_REQUIREMENTS = REPO / "hack" / "requirements-e2e.txt"
@@ -13,8 +15,7 @@ CONSTRAINTS = REPO / "images" / "constraints.txt"
 
 def rows() -> list[list[str]]:
     """[folder, tag] or [folder, tag, cpu tag], in build order."""
-    lines = IMAGES_TXT.read_text().splitlines()
-    return [line.split() for line in lines if line.strip() and not line.startswith("#")]
+    return layout.image_rows()
 
 
 def tags() -> dict[str, str]:

@@ -289,6 +289,10 @@ class _RoleCommon(ApiModel):
     """Extra environment variables."""
     node_selector: dict[str, str] = {}
     """Nodes for this role."""
+    max_surge: int = Field(default=0, ge=0)
+    """Pods a rollout may add before it removes old ones. 0 (the default: GPUs are usually all allocated)
+    replaces one pod at a time, so a role of one replica is down while its new pod loads; give spare GPUs and
+    1 or more for a rollout that never lowers capacity."""
 
 
 class EncoderSpec(_RoleCommon):

@@ -101,7 +101,7 @@ def render_vllm_deployment(ctx: Context, unit: Unit, bundle_json: str) -> dict[s
         volumes=volumes,
         mounts=mounts,
     )
-    return objects.render_deployment(ctx, unit, pod_template(ctx, params), surge=False)
+    return objects.render_deployment(ctx, unit, pod_template(ctx, params), max_surge=role_spec(ctx, unit).max_surge)
 
 
 def render_vllm_service(ctx: Context, unit: Unit) -> dict[str, Any]:

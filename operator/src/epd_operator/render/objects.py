@@ -27,11 +27,11 @@ def render_bundle_configmap(ctx: Context, unit: Unit, bundle_json: str) -> dict[
     }
 
 
-def render_deployment(ctx: Context, unit: Unit, template: dict[str, Any], *, surge: bool = True) -> dict[str, Any]:
-    """A Deployment. With `surge` a rollout adds one pod before removing one, so capacity never drops; without
-    it (GPU roles) one pod is replaced at a time, since GPUs are usually fully allocated and a surge pod would
-    stay Pending and stall the rollout forever."""
-    rolling = {"maxSurge": 1, "maxUnavailable": 0} if surge else {"maxSurge": 0, "maxUnavailable": 1}
+def render_deployment(ctx: Context, unit: Unit, template: dict[str, Any], *, max_surge: int = 1) -> dict[str, Any]:
+    """A Deployment. With a surge a rollout adds pods before removing old ones, so capacity never drops; without
+    (GPU roles by default) one pod is replaced at a time, since GPUs are usually fully allocated and a surge pod
+    would stay Pending and stall the rollout forever."""
+    rolling = {"maxSurge": max_surge, "maxUnavailable": 0} if max_surge else {"maxSurge": 0, "maxUnavailable": 1}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

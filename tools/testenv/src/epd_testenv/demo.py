@@ -4,15 +4,20 @@ The demo runs in stages. The first two always run: bring the cluster up (or reus
 simulated GPU nodes. The rest (demo_operator) needs the CRD in crds/, the operator package and the samples in
 examples/; when one is missing the demo names it and stops there, it never pretends. Otherwise it installs the
 CRD, runs the operator against the cluster, applies the examples, waits for them to become Ready and shows
-what the operator created and where the scheduler put the GPUs.
+what the operator created and where the scheduler put the GPUs. With --model (the tiny model's folder; `make
+demo` gives it) and root, the cluster has a real node too, and the last stage (demo_realnode) serves an image
+question from real containers the in-cluster operator created.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
+import pathlib
 import subprocess
 import sys
 
-from epd_testenv import cli, cluster, demo_operator, layout, nodes
+from epd_testenv import cli, cluster, demo_operator, demo_realnode, layout, nodehost, nodeimages, nodes, realnode
 
 _ZONE_PATH = nodes.ZONE_LABEL.replace(".", "\\.")  # kubectl's column paths need the dots in keys escaped
 NODE_COLUMNS = ",".join(
@@ -34,20 +39,32 @@ def say(line: str) -> None:
 
 
 def ensure_cluster(local: cluster.Cluster) -> None:
-    """Reuse a running, ready cluster (keeping whatever was deployed into it); otherwise start a fresh one."""
+    """Reuse a running, ready cluster (keeping whatever was deployed into it) that has the node asked for;
+    otherwise start a fresh one."""
     status = local.status()
-    if status.ready and not status.stopped:
+    has_node = "kubelet" in status.running or local.settings.real_node is None
+    if status.ready and not status.stopped and has_node:
         say(f"reusing the running cluster in {local.state_dir}")
         return
     local.up()
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m epd_testenv.demo", description=__doc__)
+    parser.add_argument("--model", type=pathlib.Path, help="the tiny model's folder: also run E+PD on the real node")
+    args = parser.parse_args(argv)
     root = layout.repo_root()
-    local = cluster.Cluster(root / layout.DEFAULT_CLUSTER_DIR)
+    real = args.model is not None and os.geteuid() == 0
+    if args.model is not None and not real:
+        say("no real node: it needs root (bridges, mounts, cgroups); the simulated fleet only")
+    settings = cluster.Settings(
+        real_node=realnode.NodeNetwork() if real else None,
+        node_images=layout.real_node_images() if real else (),
+    )
+    local = cluster.Cluster(root / layout.DEFAULT_CLUSTER_DIR, settings)
     try:
         ensure_cluster(local)
-    except (cluster.ClusterError, FileNotFoundError) as error:
+    except (cluster.ClusterError, nodehost.HostError, nodeimages.ImageError, FileNotFoundError) as error:
         print(f"demo: {error}", file=sys.stderr)
         return 1
 
@@ -60,7 +77,9 @@ def main() -> int:
     else:
         try:
             demo_operator.run(local, root, say)
-        except (cluster.ClusterError, subprocess.CalledProcessError) as error:
+            if real:
+                demo_realnode.run(local, root, args.model.resolve(), say)
+        except (cluster.ClusterError, subprocess.CalledProcessError, RuntimeError) as error:
             print(f"demo: {error}", file=sys.stderr)
             return 1
     print(cli.usage_hint(local.kubeconfig))

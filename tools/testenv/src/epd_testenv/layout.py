@@ -61,6 +61,18 @@ def bin_dir() -> pathlib.Path:
     return pathlib.Path(override) if override else repo_root() / ".cache" / "bin"
 
 
+def image_rows() -> list[list[str]]:
+    """images/images.txt: [folder, tag] or [folder, tag, CPU flavour's tag] per image, in build order."""
+    lines = (repo_root() / "images" / "images.txt").read_text().splitlines()
+    return [line.split() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def real_node_images() -> tuple[str, ...]:
+    """What the real node runs: the operator, proxy and Mooncake images, and the CPU flavour of vLLM."""
+    rows = {row[0]: row for row in image_rows()}
+    return (rows["operator"][1], rows["proxy"][1], rows["mooncake"][1], rows["vllm"][2])
+
+
 def containerd_root() -> pathlib.Path:
     """The real node's containerd root (images and snapshots), a cache kept across clusters like the binaries."""
     return repo_root() / ".cache" / "containerd"

@@ -160,6 +160,18 @@ def stop_containers(files: realnode.NodeFiles) -> list[str]:
     return ids
 
 
+def pod_containers(files: realnode.NodeFiles, namespace: str) -> list[str]:
+    """Ids of the containers containerd holds for pods of a Kubernetes namespace (their CRI labels say which)."""
+    ctr = ["ctr", "--address", str(files.containerd_socket), "--namespace", realnode.CONTAINERD_NAMESPACE]
+    listed = _run(*ctr, "containers", "list", check=False).stdout.splitlines()[1:]
+    found = []
+    for cid in (line.split()[0] for line in listed if line.strip()):
+        info = json.loads(_run(*ctr, "containers", "info", cid, check=False).stdout or "{}")
+        if (info.get("Labels") or {}).get("io.kubernetes.pod.namespace") == namespace:
+            found.append(cid)
+    return found
+
+
 def _kill_shims(files: realnode.NodeFiles) -> None:
     """containerd's shims outlive it; ours name our socket on their command line."""
     socket = str(files.containerd_socket)

@@ -9,6 +9,7 @@ requests small enough for a 2-core node.
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 from dataclasses import dataclass
 from typing import Any
@@ -43,11 +44,20 @@ class RealNodeSite:
     """A folder owned by the pods' user, for the shared-storage (ECExample) connector."""
 
 
-def manifest(example: pathlib.Path, site: RealNodeSite) -> tuple[Owner, dict[str, Any]]:
-    """The example's owner and the EPDDeployment to apply."""
+def manifest(
+    example: pathlib.Path,
+    site: RealNodeSite,
+    *,
+    max_surge: int = 0,
+    name: str | None = None,
+    namespace: str | None = None,
+) -> tuple[Owner, dict[str, Any]]:
+    """The example's owner and the EPDDeployment to apply; `max_surge` for the model roles' rollouts (the node
+    has GPUs to spare); `name` and `namespace` replace the example's."""
     owner, spec = plan.load_manifest(example)
+    owner = dataclasses.replace(owner, name=name or owner.name, namespace=namespace or owner.namespace)
     spec, _ = profile.apply_profile(spec, profile.CPU)
-    body = spec_for_real_node(spec, site)
+    body = spec_for_real_node(spec, site, max_surge=max_surge)
     return owner, {
         "apiVersion": c.API_VERSION,
         "kind": c.KIND,
@@ -56,7 +66,7 @@ def manifest(example: pathlib.Path, site: RealNodeSite) -> tuple[Owner, dict[str
     }
 
 
-def spec_for_real_node(spec: EPDDeploymentSpec, site: RealNodeSite) -> dict[str, Any]:
+def spec_for_real_node(spec: EPDDeploymentSpec, site: RealNodeSite, *, max_surge: int = 0) -> dict[str, Any]:
     body: dict[str, Any] = spec.model_dump(mode="json", by_alias=True, exclude_defaults=True)
     body.setdefault("images", {})["vllm"] = site.vllm_image
     body["model"]["source"] = {"hostPath": {"path": str(site.model_dir)}}
@@ -67,6 +77,8 @@ def spec_for_real_node(spec: EPDDeploymentSpec, site: RealNodeSite) -> dict[str,
     for role in ("encoder", "prefill", "decode"):
         if role in body:
             body[role]["nodeSelector"] = _on_real_node()
+            if max_surge:
+                body[role]["maxSurge"] = max_surge
     proxy = body.setdefault("proxy", {})
     proxy["nodeSelector"] = _on_real_node()
     proxy["resources"] = _small_requests()

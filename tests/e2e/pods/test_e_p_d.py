@@ -1,0 +1,245 @@
+"""examples/local-e-p-d.yaml on real pods, then its lifecycle under continuous load.
+
+The deployment (Mooncake master and store client, encoder, prefill, decode, proxy: six real containers the
+operator created) answers through `kubectl port-forward svc/local-e-p-d-proxy` exactly as the session's
+baseline, and the counters prove the transfers as the local tier does (tests/e2e/test_local_e_p_d.py): no
+prompt token computed by the decode, KV from the P2P peer, keys in the store under the deployment's prefix.
+
+Then, each reported as a figure (e2e timings): the encoders scaled 1 -> 2 while requests flow (the proxy's roster
+follows the EndpointSlices; no request fails); a new model revision rolled through the model roles while
+requests flow (no request fails, every answer equals the baseline: the revision names the same weights); a
+decode pod deleted (replaced by its Deployment; how long until requests succeed again); the master pod deleted
+(replaced; what the clients saw and how long); `kubectl describe` and `kubectl logs`; the EPDDeployment deleted
+(every child and container gone). The model roles roll with maxSurge 1 (spec.*.maxSurge): with the default of
+replacing one pod at a time, a role of one replica is down while its new pod loads.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+import time
+import urllib.error
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from epd_connectors.config.bundle import Role
+from epd_operator.api import constants as c
+from epd_testenv import nodehost
+from tests.e2e.conftest import REPO, TIMINGS, VllmInstance
+from tests.e2e.pods.conftest import RealCluster, RealEPD, deployed, is_ready, workload
+from tests.e2e.pods.kube import eventually
+from tests.e2e.test_local_e_p_d import (
+    CASES,
+    LONG_QUESTION,
+    Tokens,
+    ask,
+    assert_the_decode_computed_no_prompt_token,
+    chat,
+    image,
+    new_store_keys,
+    serve_case,
+    text,
+    tokens,
+    total,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.pods, pytest.mark.timeout(2400)]
+
+EXAMPLE = REPO / "examples" / "local-e-p-d.yaml"
+LOAD: list[list[dict[str, Any]] | str] = [
+    [image(31), text("What is this?")],
+    "Say something.",
+    [image(32), text("Go.")],
+]
+"""What the load sends, in turn."""
+ROLL_TIMEOUT_S = 1200.0
+
+
+@pytest.fixture(scope="module")
+def epd(
+    request: pytest.FixtureRequest,
+    real_cluster: RealCluster,
+    tiny_model: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[RealEPD]:
+    workdir = tmp_path_factory.mktemp("e-p-d")
+    with deployed(request, real_cluster, EXAMPLE, tiny_model, workdir, label="E+P+D", max_surge=1) as it:
+        ask(it.endpoint, chat("Warm up the transfer engines, please."))
+        yield it
+
+
+@dataclass
+class Load:
+    """Requests sent one after another from a thread while a test changes the deployment."""
+
+    epd: RealEPD
+    expected: list[Tokens]
+    sent: int = 0
+    failed: list[str] = field(default_factory=list)
+    wrong: list[str] = field(default_factory=list)
+    last_ok: float = 0.0
+    outage_s: float = 0.0
+    """The longest time between two successful requests."""
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        self.last_ok = time.monotonic()
+        while not self._stop.is_set():
+            content = LOAD[self.sent % len(LOAD)]
+            want = self.expected[self.sent % len(LOAD)]
+            self.sent += 1
+            try:
+                got = ask(self.epd.endpoint, chat(content))
+            except (urllib.error.URLError, OSError, json.JSONDecodeError) as error:
+                self.failed.append(f"{time.strftime('%H:%M:%S')} {error}")
+                time.sleep(0.5)
+                continue
+            now = time.monotonic()
+            self.outage_s = max(self.outage_s, now - self.last_ok)
+            self.last_ok = now
+            if got != want:
+                self.wrong.append(f"{content!r}: {got}")
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+@pytest.fixture
+def load(epd: RealEPD, baseline: VllmInstance) -> Iterator[Load]:
+    expected = [tokens(baseline.post("/v1/chat/completions", chat(content))) for content in LOAD]
+    running = Load(epd, expected)
+    thread = threading.Thread(target=running.run, name="load", daemon=True)
+    thread.start()
+    try:
+        yield running
+    finally:
+        running.stop()
+        thread.join(timeout=300)
+
+
+def patch(epd: RealEPD, spec: dict[str, Any]) -> None:
+    epd.kubectl.run("patch", c.PLURAL, "-n", epd.namespace, epd.name, "--type=merge", "-p", json.dumps({"spec": spec}))
+
+
+def settled(epd: RealEPD) -> bool:
+    """Ready at the latest generation, and no pod of it terminating or not ready."""
+    obj = epd.get()
+    if not is_ready(obj) or obj["status"].get("observedGeneration") != obj["metadata"]["generation"]:
+        return False
+    pods = epd.pods()
+    return all(
+        not p["metadata"].get("deletionTimestamp") and all(s["ready"] for s in p["status"].get("containerStatuses", []))
+        for p in pods
+    )
+
+
+def roster(epd: RealEPD, role: str) -> float:
+    return total(epd.metrics(Role.PROXY), "epd_proxy_roster_instances", role=role, state="healthy")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_proxy_answers_as_the_baseline_and_the_decode_computes_no_prompt_token(
+    epd: RealEPD, baseline: VllmInstance, case: str, stream: bool
+) -> None:
+    delta = serve_case(epd, baseline, case, stream, "E+P+D on real pods")
+    assert_the_decode_computed_no_prompt_token(delta, case)
+
+
+def test_a_fresh_prompt_lands_in_the_store_under_the_deployments_prefix(epd: RealEPD) -> None:
+    keys_before = epd.store_keys()
+    ask(epd.endpoint, chat([image(33), text(LONG_QUESTION)]))
+    keys = new_store_keys(epd, keys_before)
+    assert len(keys) >= 2, "a prompt of several full blocks stored fewer than two"
+    assert epd.kv_prefix and all(epd.kv_prefix in key for key in keys)
+
+
+def test_the_encoders_scale_to_two_under_load_and_the_proxy_follows(epd: RealEPD, load: Load) -> None:
+    began = time.monotonic()
+    patch(epd, {"encoder": {"replicas": 2}})
+    eventually(lambda: roster(epd, "encoder") == 2, "the proxy's roster to hold 2 healthy encoders", ROLL_TIMEOUT_S)
+    TIMINGS.add("real pods: encoders 1 -> 2, until the proxy routes to both", time.monotonic() - began)
+    eventually(lambda: settled(epd), "the deployment Ready with 2 encoders", ROLL_TIMEOUT_S)
+    time.sleep(5)
+    load.stop()
+    TIMINGS.add(f"real pods: scale-out under load: {load.sent} requests, failed", float(len(load.failed)))
+    assert not load.failed and not load.wrong, (load.failed, load.wrong)
+    assert len([p for p in epd.pods() if p["metadata"]["labels"][c.LABEL_COMPONENT] == "encoder"]) == 2
+
+
+def test_a_model_revision_rolls_the_model_roles_under_load(epd: RealEPD, load: Load) -> None:
+    before = {p["metadata"]["name"] for p in epd.pods()}
+    prefix_before = epd.kv_prefix
+    began = time.monotonic()
+    patch(epd, {"model": {"revision": "r2"}})
+    eventually(lambda: epd.kv_prefix != prefix_before, "the new revision's KV prefix in the status", 120)
+    eventually(lambda: settled(epd), "the roll to finish", ROLL_TIMEOUT_S, poll_s=3)
+    TIMINGS.add("real pods: model revision roll (3 model roles, 2 encoders)", time.monotonic() - began)
+    time.sleep(5)
+    load.stop()
+    TIMINGS.add(f"real pods: revision roll under load: {load.sent} requests, failed", float(len(load.failed)))
+    replaced = {p["metadata"]["labels"][c.LABEL_COMPONENT] for p in epd.pods() if p["metadata"]["name"] not in before}
+    assert {"encoder", "prefill", "decode"} <= replaced, replaced
+    assert not load.failed and not load.wrong, (load.failed, load.wrong)
+
+
+def test_a_deleted_decode_pod_is_replaced_and_traffic_recovers(epd: RealEPD, load: Load) -> None:
+    (decode,) = [p for p in epd.pods() if p["metadata"]["labels"][c.LABEL_COMPONENT] == "decode"]
+    began = time.monotonic()
+    epd.kubectl.run("delete", "pod", "-n", epd.namespace, decode["metadata"]["name"], "--wait=false")
+    eventually(lambda: settled(epd) and load.last_ok > began + 1, "a new decode and a request served", ROLL_TIMEOUT_S)
+    TIMINGS.add("real pods: decode pod deleted -> requests succeed again", time.monotonic() - began)
+    load.stop()
+    TIMINGS.add(f"real pods: decode pod deleted: {load.sent} requests, failed", float(len(load.failed)))
+    TIMINGS.add("real pods: decode pod deleted: longest gap between answers", load.outage_s)
+    assert not load.wrong, load.wrong
+
+
+def test_a_deleted_master_pod_is_replaced_and_the_deployment_recovers(epd: RealEPD, load: Load) -> None:
+    (master,) = [p for p in epd.pods() if p["metadata"]["labels"][c.LABEL_COMPONENT] == "master"]
+    began = time.monotonic()
+    epd.kubectl.run("delete", "pod", "-n", epd.namespace, master["metadata"]["name"], "--wait=false")
+    eventually(
+        lambda: settled(epd) and master["metadata"]["name"] not in {p["metadata"]["name"] for p in epd.pods()},
+        "a new master pod and the deployment Ready",
+        ROLL_TIMEOUT_S,
+    )
+    TIMINGS.add("real pods: master pod deleted -> deployment Ready again", time.monotonic() - began)
+    keys_before = epd.store_keys()
+    ask(epd.endpoint, chat([image(34), text(LONG_QUESTION)]))
+    assert new_store_keys(epd, keys_before), "the store took no key after the master came back"
+    TIMINGS.add("real pods: master pod deleted -> the store takes keys again", time.monotonic() - began)
+    load.stop()
+    TIMINGS.add(f"real pods: master pod deleted: {load.sent} requests, failed", float(len(load.failed)))
+    assert not load.failed and not load.wrong, (load.failed, load.wrong)
+
+
+def test_describe_shows_the_operators_events_and_logs_show_each_launcher(epd: RealEPD) -> None:
+    described = epd.kubectl.run("describe", c.PLURAL, "-n", epd.namespace, epd.name)
+    events = described.split("Events:", 1)[1]
+    assert "<none>" not in events[:50] and "epd-operator" in events, described[-2000:]
+    for role in (Role.ENCODER, Role.PREFILL, Role.DECODE, Role.PROXY):
+        assert f"epd-launch[{role.value}]: exec" in epd.log(role), workload(epd.name, role)
+
+
+def test_deleting_the_epddeployment_removes_every_child_and_container(epd: RealEPD, real_cluster: RealCluster) -> None:
+    epd.forwards.close()
+    epd.kubectl.run("delete", c.PLURAL, "-n", epd.namespace, epd.name, "--wait=true", "--timeout=120s")
+    selector = f"{c.LABEL_INSTANCE}={epd.name}"
+
+    def gone(kind: str) -> bool:
+        return not epd.kubectl.json("get", kind, "-n", epd.namespace, "-l", selector)["items"]
+
+    for kind in ("deployments", "statefulsets", "services", "configmaps", "pods"):
+        eventually(functools.partial(gone, kind), f"every {kind} of {epd.name} gone", 180)
+    eventually(
+        lambda: not nodehost.pod_containers(real_cluster.local.node_files, epd.namespace),
+        f"no container of {epd.namespace} pods left in containerd",
+        120,
+    )

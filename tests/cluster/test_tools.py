@@ -51,6 +51,14 @@ def test_etcd_and_kwok_report_the_pinned_versions() -> None:
     assert pinned.kwok.removeprefix("v") in run(layout.binary("kwok"), "--version")
 
 
+def test_the_real_nodes_binaries_report_the_pinned_versions() -> None:
+    """kubelet and kube-proxy live in the same multi-call binary as the servers; CoreDNS is its own module."""
+    pinned = layout.pinned_versions()
+    for name in ("kubelet", "kube-proxy"):
+        assert run(layout.binary(name), "--version").strip() == f"Kubernetes {pinned.kubernetes}"
+    assert f"CoreDNS-{pinned.coredns.removeprefix('v')}" in run(layout.binary("coredns"), "-version")
+
+
 def _listening(pid: int) -> set[str]:
     """The local addresses a process listens on (TCP over IPv4 and IPv6), read from /proc."""
     inodes = set()

@@ -98,11 +98,15 @@ class PinnedVersions:
     """The node and pod simulator, e.g. v0.8.0."""
     helm: str
     """The helm client, e.g. v4.2.4."""
+    coredns: str
+    """The real node's cluster DNS, e.g. v1.15.0."""
 
 
 def _required(go_mod: pathlib.Path, module: str) -> str:
     for line in go_mod.read_text().splitlines():
         fields = line.split()
+        if fields[:1] == ["require"]:  # the one-line form: require MODULE VERSION
+            fields = fields[1:]
         if len(fields) >= 2 and fields[0] == module:
             return fields[1]
     raise ValueError(f"{go_mod} does not require {module}")
@@ -116,4 +120,5 @@ def pinned_versions() -> PinnedVersions:
         etcd=_required(tools / "kube" / "go.mod", "go.etcd.io/etcd/server/v3"),
         kwok=_required(tools / "kwok" / "go.mod", "sigs.k8s.io/kwok"),
         helm=_required(tools / "helm" / "go.mod", "helm.sh/helm/v4"),
+        coredns=_required(tools / "coredns" / "go.mod", "github.com/coredns/coredns"),
     )

@@ -125,6 +125,9 @@ def import_images(files: realnode.NodeFiles, tags: Iterable[str], say: Callable[
             continue
         say(f"cluster: copying image {tag} into the real node's containerd (once per build) ...")
         began = time.monotonic()
+        # The old build goes first, and synchronously: a replaced name alone leaves its GBs to a later GC.
+        for name in (n for n in present if _present(tag, {n})):
+            subprocess.run([*_ctr(files), "images", "rm", "--sync", name], capture_output=True, check=False)
         _push_into_containerd(files, tag)
         imported[tag] = built
         _record(files, imported)

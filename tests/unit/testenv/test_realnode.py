@@ -43,7 +43,7 @@ def test_pods_get_routes_to_the_two_ranges_only_and_no_masquerade() -> None:
     assert bridge["ipMasq"] is False and not bridge.get("isDefaultGateway")
     assert bridge["ipam"]["routes"] == [{"dst": NETWORK.service_cidr, "gw": NETWORK.gateway}]
     for (subnet,) in bridge["ipam"]["ranges"]:
-        assert ipaddress.ip_network(subnet["subnet"]).subnet_of(ipaddress.IPv4Network("198.18.0.0/15"))
+        assert ipaddress.IPv4Network(subnet["subnet"]).subnet_of(ipaddress.IPv4Network("198.18.0.0/15"))
 
 
 def test_the_fence_drops_what_would_leave_the_bridge() -> None:

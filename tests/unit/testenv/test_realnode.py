@@ -6,11 +6,12 @@ from __future__ import annotations
 import ipaddress
 import pathlib
 import tomllib
+from typing import Any
 
 import pytest
 import yaml
 
-from epd_testenv import components, pki, realnode
+from epd_testenv import components, nodes, pki, realnode
 
 pytestmark = pytest.mark.unit
 
@@ -90,3 +91,14 @@ def test_the_kubelet_is_a_node_identity_and_kube_proxy_the_node_proxier() -> Non
     kubelet = by_name[realnode.NODE_NAME]
     assert kubelet.user == f"system:node:{realnode.NODE_NAME}" and kubelet.groups == ("system:nodes",)
     assert by_name["kube-proxy"].user == "system:kube-proxy"
+
+
+def test_placement_reaches_every_component_even_ones_the_manifest_leaves_out() -> None:
+    spec: dict[str, Any] = {"model": {}, "store": {"mode": "standalone"}}
+    nodes.place_on(spec, {"pool": "sim"})
+    for path in (("encoder",), ("decode",), ("proxy",), ("store", "master"), ("store", "clients")):
+        section = spec
+        for key in path:
+            section = section[key]
+        assert section["nodeSelector"] == {"pool": "sim"}, path
+    assert "prefill" not in spec, "a prefill section would turn a PD deployment into a disaggregated one"

@@ -188,6 +188,9 @@ def run(local: cluster.Cluster, root: pathlib.Path, say: Callable[[str], None]) 
     kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
 
     docs = [doc for path in example_files(root) for doc in yaml.safe_load_all(path.read_text()) if doc]
+    for doc in docs:
+        # Off the real node, when the cluster has one: these pods are for the simulated GPU fleet.
+        nodes.place_on(doc["spec"], {nodes.SIMULATED_LABEL: "true"})
     say("creating the namespaces and bound volume claims the examples mount (no provisioner here)")
     kubectl.apply(prerequisites(docs))
 

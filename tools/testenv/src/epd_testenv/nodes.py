@@ -80,3 +80,16 @@ def is_ready(node: dict[str, Any]) -> bool:
     """The Ready condition is True (set by kwok's node-initialize stage)."""
     conditions = node.get("status", {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def place_on(body: dict[str, Any], selector: dict[str, str]) -> dict[str, Any]:
+    """Every component of an EPDDeployment spec (a manifest's `spec`, edited in place) on nodes matching
+    `selector`: the vLLM roles (encoder and decode always exist, their sections may be left out), the proxy,
+    and with a store its master and clients."""
+    for role in ("encoder", "decode", *(("prefill",) if "prefill" in body else ())):
+        body.setdefault(role, {})["nodeSelector"] = dict(selector)
+    body.setdefault("proxy", {})["nodeSelector"] = dict(selector)
+    if "store" in body:
+        body["store"].setdefault("master", {})["nodeSelector"] = dict(selector)
+        body["store"].setdefault("clients", {})["nodeSelector"] = dict(selector)
+    return body

@@ -20,11 +20,7 @@ from epd_operator.api import constants as c
 from epd_operator.api.resource import Owner
 from epd_operator.api.spec import EPDDeploymentSpec
 from epd_operator.local import plan, profile
-from epd_testenv import realnode
-
-
-def _on_real_node() -> dict[str, str]:
-    return {realnode.REAL_NODE_LABEL: "true"}
+from epd_testenv import nodes, realnode
 
 
 def _small_requests() -> dict[str, Any]:
@@ -74,19 +70,13 @@ def spec_for_real_node(spec: EPDDeploymentSpec, site: RealNodeSite, *, max_surge
         if site.shared_dir is None:
             raise ValueError("the example uses spec.sharedStorage: give RealNodeSite.shared_dir")
         body["sharedStorage"] = {"hostPath": {"path": str(site.shared_dir)}}
+    nodes.place_on(body, {realnode.REAL_NODE_LABEL: "true"})
     for role in ("encoder", "prefill", "decode"):
-        if role in body:
-            body[role]["nodeSelector"] = _on_real_node()
-            if max_surge:
-                body[role]["maxSurge"] = max_surge
-    proxy = body.setdefault("proxy", {})
-    proxy["nodeSelector"] = _on_real_node()
-    proxy["resources"] = _small_requests()
+        if role in body and max_surge:
+            body[role]["maxSurge"] = max_surge
+    body["proxy"]["resources"] = _small_requests()
     if spec.store is not None:
-        master = body["store"].setdefault("master", {})
-        master["nodeSelector"] = _on_real_node()
-        master["resources"] = _small_requests()
-        body["store"].setdefault("clients", {})["nodeSelector"] = _on_real_node()
+        body["store"]["master"]["resources"] = _small_requests()
     return body
 
 

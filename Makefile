@@ -56,7 +56,7 @@ images-resolve-gpu: setup-python ## pip's resolver (dry run) over the GPU vLLM i
 
 # Two pytest runs, so the control plane and Mooncake processes of the first are gone before vLLM starts; both
 # always run (one CI pass reports every tier) and the target fails if either did.
-test: setup setup-e2e images-test images-test-vllm images-resolve-gpu ## every tier: unit, proxy, store, cluster, images, then e2e (real vLLM; installs .venv-e2e, ~6 GB)
+test: setup setup-e2e images-test images-test-vllm images-resolve-gpu ## every tier: unit, proxy, store, cluster, images, then e2e (real vLLM, real pods on the real node; installs .venv-e2e, ~6 GB)
 	@rc=0; \
 	$(PYTEST) -m "not e2e" || rc=$$?; \
 	EPD_E2E_VENV=$(VENV_E2E) $(PYTEST) -m e2e || rc=$$?; \

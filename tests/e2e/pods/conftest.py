@@ -133,6 +133,11 @@ class RealEPD:
             self.role_urls[role] = self.forward(f"svc/{workload(self.name, role)}", port)
         return self.role_urls[role]
 
+    def forget(self, role: Role) -> None:
+        """Drop the role's port-forward: kubectl forwards a Service to the one pod it picked at start, so after
+        that pod is replaced the next use must open a new one."""
+        self.role_urls.pop(role, None)
+
     def metrics(self, role: Role) -> Samples:
         return samples(get_text(f"{self.url(role)}/metrics"))
 

@@ -197,6 +197,7 @@ def test_a_deleted_decode_pod_is_replaced_and_traffic_recovers(epd: RealEPD, loa
     epd.kubectl.run("delete", "pod", "-n", epd.namespace, decode["metadata"]["name"], "--wait=false")
     eventually(lambda: settled(epd) and load.last_ok > began + 1, "a new decode and a request served", ROLL_TIMEOUT_S)
     TIMINGS.add("real pods: decode pod deleted -> requests succeed again", time.monotonic() - began)
+    epd.forget(Role.DECODE)
     load.stop()
     TIMINGS.add(f"real pods: decode pod deleted: {load.sent} requests, failed", float(len(load.failed)))
     TIMINGS.add("real pods: decode pod deleted: longest gap between answers", load.outage_s)
@@ -213,6 +214,7 @@ def test_a_deleted_master_pod_is_replaced_and_the_deployment_recovers(epd: RealE
         ROLL_TIMEOUT_S,
     )
     TIMINGS.add("real pods: master pod deleted -> deployment Ready again", time.monotonic() - began)
+    epd.forget(Role.MASTER)
     keys_before = epd.store_keys()
     ask(epd.endpoint, chat([image(34), text(LONG_QUESTION)]))
     assert new_store_keys(epd, keys_before), "the store took no key after the master came back"

@@ -41,7 +41,7 @@ CONTAINERD_NAMESPACE = "k8s.io"
 
 @dataclass(frozen=True)
 class NodeNetwork:
-    """The real node's addresses. Only one real node runs on a machine at a time (nodehost holds a lock)."""
+    """The real node's addresses. Only one real node runs on a machine at a time (nodehost.prepare refuses a second)."""
 
     bridge: str = "epd-br0"
     gateway: str = "198.18.0.1"

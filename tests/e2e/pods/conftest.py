@@ -51,14 +51,7 @@ class RealCluster:
     helm: pathlib.Path
 
     def helm_run(self, *args: str) -> str:
-        home = self.local.state_dir / "helm"
-        env = {
-            **os.environ,
-            "KUBECONFIG": str(self.local.kubeconfig),
-            "HELM_CACHE_HOME": str(home / "cache"),
-            "HELM_CONFIG_HOME": str(home / "config"),
-            "HELM_DATA_HOME": str(home / "data"),
-        }
+        env = layout.helm_env(self.local.kubeconfig, self.local.state_dir / "helm")
         done = subprocess.run(
             [str(self.helm), *args], env=env, capture_output=True, text=True, timeout=300, check=False
         )

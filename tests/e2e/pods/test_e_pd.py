@@ -20,7 +20,7 @@ from openai.types.chat import ChatCompletionChunk
 from epd_connectors.config.bundle import Role
 from epd_testenv import realnode
 from tests.e2e.conftest import REPO, SERVED_MODEL, TIMINGS, VllmInstance
-from tests.e2e.pods.conftest import RealCluster, RealEPD, deployed, workload
+from tests.e2e.pods.conftest import RealCluster, RealEPD, deployed
 from tests.e2e.pods.kube import condition
 from tests.e2e.test_local_e_p_d import CASES, MAX_TOKENS, ask, chat, image, text, tokens, total
 from tests.unit.packaging.image_list import cpu_tags, tags
@@ -90,7 +90,7 @@ def test_the_proxy_answers_as_the_baseline(
     assert total(epd.metrics(Role.ENCODER), served) - total(encoder_before, served) >= (1 if images else 0)
 
 
-def test_the_embeddings_went_through_the_shared_folder(epd: RealEPD, tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_the_embeddings_went_through_the_shared_folder(epd: RealEPD) -> None:
     """ECExampleConnector: the encoder wrote each image's embedding under the hostPath, the PD read it there."""
     shared = Path(epd.get()["spec"]["sharedStorage"]["hostPath"]["path"])
     ask(epd.endpoint, chat([image(21), text("And this one?")]))
@@ -124,4 +124,3 @@ def test_the_official_openai_client_streams_the_baselines_answer(epd: RealEPD, b
 def test_kubectl_describe_shows_the_operators_events(epd: RealEPD, real_cluster: RealCluster) -> None:
     described = real_cluster.kubectl.run("describe", "epd", "-n", epd.namespace, epd.name)
     assert "Events:" in described and "<none>" not in described.split("Events:", 1)[1][:200], described[-1500:]
-    assert workload(epd.name, Role.ENCODER)

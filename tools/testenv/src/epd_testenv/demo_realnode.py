@@ -35,14 +35,7 @@ POD_COLUMNS = (
 
 
 def helm(local: cluster.Cluster, *args: str) -> None:
-    home = local.state_dir / "helm"
-    env = {
-        **os.environ,
-        "KUBECONFIG": str(local.kubeconfig),
-        "HELM_CACHE_HOME": str(home / "cache"),
-        "HELM_CONFIG_HOME": str(home / "config"),
-        "HELM_DATA_HOME": str(home / "data"),
-    }
+    env = layout.helm_env(local.kubeconfig, local.state_dir / "helm")
     subprocess.run([str(layout.binary("helm")), *args], env=env, check=True, stdout=subprocess.DEVNULL)
 
 

@@ -73,6 +73,17 @@ def real_node_images() -> tuple[str, ...]:
     return (rows["operator"][1], rows["proxy"][1], rows["mooncake"][1], rows["vllm"][2])
 
 
+def helm_env(kubeconfig: pathlib.Path, home: pathlib.Path) -> dict[str, str]:
+    """The environment for the pinned helm against one cluster, its cache and config under `home` (never ~)."""
+    return {
+        **os.environ,
+        "KUBECONFIG": str(kubeconfig),
+        "HELM_CACHE_HOME": str(home / "cache"),
+        "HELM_CONFIG_HOME": str(home / "config"),
+        "HELM_DATA_HOME": str(home / "data"),
+    }
+
+
 def containerd_root() -> pathlib.Path:
     """The real node's containerd root (images and snapshots), a cache kept across clusters like the binaries."""
     return repo_root() / ".cache" / "containerd"

@@ -144,7 +144,7 @@ def prepare(network: realnode.NodeNetwork, files: realnode.NodeFiles) -> None:
 def stop_containers(files: realnode.NodeFiles) -> list[str]:
     """Kill and delete every container the kubelet made (pods' and sandboxes'); returns their ids. Needs
     containerd running."""
-    ctr = ["ctr", "--address", str(files.containerd_socket), "--namespace", realnode.CONTAINERD_NAMESPACE]
+    ctr = files.ctr
     listed = _run(*ctr, "containers", "list", "--quiet", check=False)
     ids = listed.stdout.split() if listed.returncode == 0 else []
     for cid in ids:
@@ -162,7 +162,7 @@ def stop_containers(files: realnode.NodeFiles) -> list[str]:
 
 def pod_containers(files: realnode.NodeFiles, namespace: str) -> list[str]:
     """Ids of the containers containerd holds for pods of a Kubernetes namespace (their CRI labels say which)."""
-    ctr = ["ctr", "--address", str(files.containerd_socket), "--namespace", realnode.CONTAINERD_NAMESPACE]
+    ctr = files.ctr
     listed = _run(*ctr, "containers", "list", check=False).stdout.splitlines()[1:]
     found = []
     for cid in (line.split()[0] for line in listed if line.strip()):
@@ -208,12 +208,18 @@ def _remove_cgroups() -> None:
             top.rmdir()
 
 
+def _added(before: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Per "tool table", the KUBE-/CNI- chains that exist now and were not in `before`."""
+    found = {
+        key: [c for c in chains if _ADDED_CHAIN.match(c) and c not in before.get(key, [])]
+        for key, chains in _chains().items()
+    }
+    return {key: chains for key, chains in found.items() if chains}
+
+
 def _remove_added_chains(before: dict[str, list[str]]) -> None:
-    for key, chains in _chains().items():
+    for key, added in _added(before).items():
         tool, table = key.split()
-        added = [c for c in chains if _ADDED_CHAIN.match(c) and c not in before.get(key, [])]
-        if not added:
-            continue
         # Rules that jump to an added chain go first, then the chains themselves.
         for line in _run(f"{tool}-save", "-t", table, check=False).stdout.splitlines():
             if line.startswith("-A ") and any(f"-j {c}" in line for c in added):
@@ -251,12 +257,7 @@ def restore(files: realnode.NodeFiles) -> None:
 def added_chains(files: realnode.NodeFiles) -> list[str]:
     """KUBE-/CNI- chains that exist now and did not when the node started (none, with our settings)."""
     record = Record(**json.loads((files.dir / RECORD_FILE).read_text()))
-    return [
-        f"{key} chain {c}"
-        for key, chains in _chains().items()
-        for c in chains
-        if _ADDED_CHAIN.match(c) and c not in record.chains.get(key, [])
-    ]
+    return [f"{key} chain {c}" for key, chains in _added(record.chains).items() for c in chains]
 
 
 def kube_proxy_tables() -> list[str]:

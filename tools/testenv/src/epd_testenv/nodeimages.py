@@ -28,15 +28,11 @@ class ImageError(Exception):
     """An image is missing from the build's storage, or containerd refused it."""
 
 
-def _ctr(files: realnode.NodeFiles) -> list[str]:
-    return ["ctr", "--address", str(files.containerd_socket), "--namespace", realnode.CONTAINERD_NAMESPACE]
-
-
 def containerd_answers(files: realnode.NodeFiles) -> bool:
     """containerd serves its API on the node's socket."""
     if not files.containerd_socket.exists():
         return False
-    result = subprocess.run([*_ctr(files), "version"], capture_output=True, timeout=10, check=False)
+    result = subprocess.run([*files.ctr, "version"], capture_output=True, timeout=10, check=False)
     return result.returncode == 0
 
 
@@ -101,7 +97,7 @@ def _record(files: realnode.NodeFiles, imported: dict[str, str]) -> None:
 
 
 def _names_in_containerd(files: realnode.NodeFiles) -> set[str]:
-    listed = subprocess.run([*_ctr(files), "images", "list", "--quiet"], capture_output=True, text=True, check=False)
+    listed = subprocess.run([*files.ctr, "images", "list", "--quiet"], capture_output=True, text=True, check=False)
     return set(listed.stdout.split())
 
 
@@ -127,7 +123,7 @@ def import_images(files: realnode.NodeFiles, tags: Iterable[str], say: Callable[
         began = time.monotonic()
         # The old build goes first, and synchronously: a replaced name alone leaves its GBs to a later GC.
         for name in (n for n in present if _present(tag, {n})):
-            subprocess.run([*_ctr(files), "images", "rm", "--sync", name], capture_output=True, check=False)
+            subprocess.run([*files.ctr, "images", "rm", "--sync", name], capture_output=True, check=False)
         _push_into_containerd(files, tag)
         imported[tag] = built
         _record(files, imported)
@@ -135,7 +131,7 @@ def import_images(files: realnode.NodeFiles, tags: Iterable[str], say: Callable[
 
 
 def _ctr_import(files: realnode.NodeFiles, archive: bytes, name: str) -> None:
-    result = subprocess.run([*_ctr(files), "images", "import", "-"], input=archive, capture_output=True, check=False)
+    result = subprocess.run([*files.ctr, "images", "import", "-"], input=archive, capture_output=True, check=False)
     if result.returncode != 0:
         raise ImageError(f"ctr images import {name}: {result.stderr.decode(errors='replace').strip()}")
 
@@ -148,7 +144,7 @@ def _push_into_containerd(files: realnode.NodeFiles, tag: str) -> None:
     )
     assert push.stdout is not None
     imported = subprocess.run(
-        [*_ctr(files), "images", "import", "-"],
+        [*files.ctr, "images", "import", "-"],
         stdin=push.stdout,
         capture_output=True,
         timeout=IMPORT_TIMEOUT_S,

@@ -105,6 +105,11 @@ class NodeFiles:
         return self.dir / "containerd.sock"
 
     @property
+    def ctr(self) -> list[str]:
+        """`ctr` against this node's containerd, in the CRI plugin's namespace (argv up to the subcommand)."""
+        return ["ctr", "--address", str(self.containerd_socket), "--namespace", CONTAINERD_NAMESPACE]
+
+    @property
     def containerd_config(self) -> pathlib.Path:
         return self.dir / "containerd.toml"
 

@@ -93,6 +93,74 @@ def test_decode_tp_must_divide_the_store_tp() -> None:
     assert problem.startswith("spec.decode.tensorParallelSize = 4: ") and "store TP" in problem
 
 
+def p2p_spec(connector: str, prefill_tps: list[int], decode_tp: int) -> dict[str, Any]:
+    """The mixed-TP example with these prefill pools (the first is the main pool) and decode TP."""
+    spec = example("e-p-d-store-offload")
+    spec["prefill"]["kv"] = {"connector": connector}
+    spec["prefill"]["tensorParallelSize"] = prefill_tps[0]
+    spec["prefill"]["additionalPools"] = [
+        {"name": f"pool{i}", "replicas": 1, "tensorParallelSize": tp} for i, tp in enumerate(prefill_tps[1:])
+    ]
+    spec["decode"]["tensorParallelSize"] = decode_tp
+    if "store" not in connector:
+        del spec["decode"]["kv"]["saveDecodeCache"]
+    return spec
+
+
+@pytest.mark.parametrize(
+    ("connector", "prefill_tps", "decode_tp", "field", "tp"),
+    [
+        ("mooncake", [3], 2, "spec.prefill", 3),
+        ("mooncake", [2, 3], 2, "spec.prefill.additionalPools[0]", 3),
+        ("mooncake", [2, 3], 3, "spec.prefill", 2),
+        ("mooncake+store", [2, 3], 2, "spec.prefill.additionalPools[0]", 3),
+    ],
+)
+def test_p2p_kv_needs_one_tp_to_divide_the_other(
+    connector: str, prefill_tps: list[int], decode_tp: int, field: str, tp: int
+) -> None:
+    [problem] = problems_of(p2p_spec(connector, prefill_tps, decode_tp))
+    assert problem.startswith(
+        f"{field}.tensorParallelSize = {tp} with spec.decode.tensorParallelSize = {decode_tp}: "
+        f"spec.prefill.kv.connector {connector} hands KV over P2P (MooncakeConnector) only between TP sizes"
+    ), problem
+    assert f"Fix: give this pool a TP that divides or is a multiple of {decode_tp}" in problem
+
+
+@pytest.mark.parametrize(
+    ("connector", "prefill_tps", "decode_tp"),
+    [
+        ("mooncake", [2], 4),
+        ("mooncake", [4], 2),
+        ("mooncake", [1], 3),
+        ("mooncake", [3], 1),
+        ("mooncake", [1, 2, 4], 2),
+        ("mooncake+store", [2, 3], 6),
+        ("mooncake-store", [2, 3], 2),  # no P2P: the store shares blocks across these TPs
+    ],
+)
+def test_p2p_kv_between_dividing_tp_sizes_renders(connector: str, prefill_tps: list[int], decode_tp: int) -> None:
+    render_desired(OWNER, parse_spec(p2p_spec(connector, prefill_tps, decode_tp)), OperatorDefaults())
+
+
+def test_the_library_refuses_p2p_bundles_of_unfit_tp_sizes() -> None:
+    """The same rule over rendered bundles (hand-written bundles, or a render that skipped the spec rule)."""
+    desired = render_desired(OWNER, parse_spec(p2p_spec("mooncake", [2, 4], 2)), OperatorDefaults())
+    found = {o["metadata"]["name"]: parse_bundle(o["data"]["bundle.json"]) for o in desired.objects if o["kind"] == "ConfigMap"}
+    assert validate.deployment_problems(found) == []
+    pool = found["demo-prefill-pool0-bundle"]
+    assert pool.vllm is not None
+    found["demo-prefill-pool0-bundle"] = pool.model_copy(
+        update={"vllm": pool.vllm.model_copy(update={"tensor_parallel_size": 3})}
+    )
+    [problem] = validate.deployment_problems(found)
+    assert problem.startswith(
+        "spec.prefill.tensorParallelSize / spec.prefill.additionalPools[].tensorParallelSize / "
+        "spec.decode.tensorParallelSize: demo-prefill-pool0-bundle.vllm.tensor_parallel_size = 3 and "
+        "demo-decode-bundle.vllm.tensor_parallel_size = 2: MooncakeConnector hands KV over only"
+    ), problem
+
+
 def test_a_consistency_disagreement_is_refused_naming_the_deciding_field(monkeypatch: pytest.MonkeyPatch) -> None:
     real = bundles_vllm.server_config
 
@@ -213,5 +281,6 @@ def test_a_quota_needs_isolation() -> None:
 def test_every_deployment_rule_names_the_spec_field_that_decides_it() -> None:
     rules = {*consistency.AGREEMENT_TOPICS, consistency.RULE_STORE_OWNER, consistency.RULE_QUOTA_ADMISSION}
     rules.add(consistency.RULE_PROXY_ROSTER)
+    rules.add(consistency.RULE_P2P_TP)
     assert rules <= set(validate.RULE_FIELDS), sorted(rules - set(validate.RULE_FIELDS))
     assert all(field.startswith("spec.") for field in validate.RULE_FIELDS.values())

@@ -16,6 +16,7 @@ from epd_connectors.config.kv_transfer import (
     MooncakeConnectorConfig,
     MooncakeStoreConnectorConfig,
     connectors_of,
+    p2p_tp_fits,
 )
 
 Observation = tuple[str, object]
@@ -40,6 +41,7 @@ class Disagreement:
 RULE_STORE_OWNER = "store owner"
 RULE_QUOTA_ADMISSION = "quota admission"
 RULE_PROXY_ROSTER = "proxy EC roster"
+RULE_P2P_TP = "P2P TP"
 
 
 def _tenants(name: str, b: RoleBundle) -> Iterator[Observation]:
@@ -161,7 +163,36 @@ def check_deployment(bundles: Mapping[str, RoleBundle]) -> list[Disagreement]:
             found.append(Disagreement(topic, f"{topic} differs between bundles: {detail}. Fix: {fix}"))
     found += _store_owner_problems(bundles)
     found += _proxy_roster_problems(bundles)
+    found += _p2p_tp_problems(bundles)
     return found
+
+
+def _p2p_tp_sizes(bundles: Mapping[str, RoleBundle], kv_role: str) -> list[tuple[str, int]]:
+    """(bundle name, TP size) of every vLLM bundle with a MooncakeConnector of this kv_role."""
+    return [
+        (name, b.vllm.tensor_parallel_size)
+        for name, b in bundles.items()
+        if b.vllm is not None
+        and b.kv_transfer is not None
+        and any(isinstance(c, MooncakeConnectorConfig) and c.kv_role == kv_role for c in connectors_of(b.kv_transfer))
+    ]
+
+
+def _p2p_tp_problems(bundles: Mapping[str, RoleBundle]) -> list[Disagreement]:
+    """Any MooncakeConnector producer may hand KV to any consumer (the proxy pairs them freely), so every pair's
+    TP sizes must fit (one divides the other)."""
+    return [
+        Disagreement(
+            RULE_P2P_TP,
+            f"{producer}.vllm.tensor_parallel_size = {p_tp} and {consumer}.vllm.tensor_parallel_size = {c_tp}: "
+            "MooncakeConnector hands KV over only between TP sizes of which one divides the other (vLLM fails "
+            "the first transfer otherwise). Fix: give every prefiller a TP that divides or is a multiple of "
+            "every decoder's",
+        )
+        for producer, p_tp in _p2p_tp_sizes(bundles, "kv_producer")
+        for consumer, c_tp in _p2p_tp_sizes(bundles, "kv_consumer")
+        if not p2p_tp_fits(p_tp, c_tp)
+    ]
 
 
 def _store_owner_problems(bundles: Mapping[str, RoleBundle]) -> list[Disagreement]:

@@ -43,6 +43,7 @@ __all__ = [
     "MultiExtra",
     "check_kv",
     "connectors_of",
+    "p2p_tp_fits",
     "parse_kv_transfer_config",
     "store_tp_lcm",
 ]
@@ -132,6 +133,13 @@ class ExampleKVConnectorConfig(_KVBase):
 
     kv_connector_extra_config: ExampleKVExtra
     """Connector settings (the shared folder)."""
+
+
+def p2p_tp_fits(producer_tp: int, consumer_tp: int) -> bool:
+    """Whether MooncakeConnector can hand KV from a prefiller of one TP size to a decoder of the other: one size
+    must divide the other (vLLM 0.32 and 0.33 ``_get_tp_ratio`` and ``TransferTopology.tp_ratio`` assert it on
+    both sides, so an unfit pair starts fine and fails at its first transfer)."""
+    return max(producer_tp, consumer_tp) % min(producer_tp, consumer_tp) == 0
 
 
 _ChildConfig = MooncakeConnectorConfig | MooncakeStoreConnectorConfig | ExampleKVConnectorConfig

@@ -6,12 +6,13 @@ prefill pools together, the ports of a pod, or what the operator renders into vL
 
 from __future__ import annotations
 
+from epd_connectors.config.kv_transfer import p2p_tp_fits
 from epd_connectors.config.vllm import OWNED_FLAGS, owned_flag
 from epd_operator.api import constants as c
 from epd_operator.api.spec import StoreSpec
 from epd_operator.derive import names as naming
 from epd_operator.derive import ports
-from epd_operator.render import bundles_vllm
+from epd_operator.render import bundles_vllm, transfer
 from epd_operator.render.context import Context, Unit
 
 _VLLM_ROLES = (c.ROLE_ENCODER, c.ROLE_PREFILL, c.ROLE_DECODE, c.ROLE_PD)
@@ -25,6 +26,7 @@ def spec_problems(ctx: Context, units: list[Unit]) -> list[str]:
         [u.name for u in units if u.role == c.ROLE_STORE_CLIENT and u.replicas is not None],
     )
     found += _pool_problems(ctx)
+    found += _p2p_tp_problems(ctx, units)
     if ctx.spec.store is not None:
         found += _store_problems(ctx.spec.store)
     for unit in units:
@@ -46,6 +48,23 @@ def _pool_problems(ctx: Context) -> list[str]:
             )
         seen.add(pool.name)
     return found
+
+
+def _p2p_tp_problems(ctx: Context, units: list[Unit]) -> list[str]:
+    """MooncakeConnector: the proxy pairs any prefill pool with the decode, and vLLM hands KV over only between
+    TP sizes of which one divides the other (the connector library's p2p_tp_fits)."""
+    if ctx.spec.prefill is None or not transfer.uses_p2p_kv(ctx):
+        return []
+    decode_tp = ctx.spec.decode.tensor_parallel_size
+    connector = ctx.spec.prefill.kv.connector if ctx.spec.prefill.kv else None
+    return [
+        f"{u.spec_path}.tensorParallelSize = {u.tensor_parallel_size} with spec.decode.tensorParallelSize = "
+        f"{decode_tp}: spec.prefill.kv.connector {connector} hands KV over P2P (MooncakeConnector) only between "
+        "TP sizes of which one divides the other; vLLM would fail the first transfer. Fix: give this pool a TP "
+        f"that divides or is a multiple of {decode_tp}, or a decode TP that does so for every prefill pool"
+        for u in units
+        if u.role == c.ROLE_PREFILL and not p2p_tp_fits(u.tensor_parallel_size, decode_tp)
+    ]
 
 
 def _store_problems(store: StoreSpec) -> list[str]:

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from epd_connectors.config.base import ConfigError, describe_validation_error
 from epd_connectors.config.bundle import RoleBundle
 from epd_connectors.config.consistency import (
+    RULE_P2P_TP,
     RULE_PROXY_ROSTER,
     RULE_QUOTA_ADMISSION,
     RULE_STORE_OWNER,
@@ -42,6 +43,8 @@ RULE_FIELDS = {
     RULE_QUOTA_ADMISSION: "spec.store.tenant.id",
     RULE_STORE_OWNER: "spec.store.mode",
     RULE_PROXY_ROSTER: "spec.proxy",
+    RULE_P2P_TP: "spec.prefill.tensorParallelSize / spec.prefill.additionalPools[].tensorParallelSize / "
+    "spec.decode.tensorParallelSize",
 }
 
 

@@ -371,6 +371,18 @@ def test_p2p_needs_a_split() -> None:
     ]
 
 
+def test_only_the_p2p_producer_has_a_bootstrap_port() -> None:
+    """vLLM starts MooncakeConnector's bootstrap server on the kv_producer only; a decoder's port is unused, and
+    a decoder's HTTP port on vLLM's default bootstrap port is no collision."""
+    assert check_kv(xpyd("prefill"), server("prefill", mooncake_bootstrap_port=9100)) == []
+    assert check_kv(xpyd("decode"), server("decode", mooncake_bootstrap_port=9100)) == [
+        "vllm.mooncake_bootstrap_port = 9100: a MooncakeConnector kv_consumer runs no bootstrap server (only the "
+        "prefill does). Fix: drop it"
+    ]
+    assert check_kv(xpyd("decode"), server("decode", port=8998)) == []
+    assert check_kv(xpyd("prefill"), server("prefill", port=8998)) != []
+
+
 def test_store_tp_must_be_a_multiple_of_local_tp() -> None:
     assert check_kv(store("kv_both", store_tp_size=4), server("pd", tensor_parallel_size=2)) == []
     assert check_kv(store("kv_both", store_tp_size=2), server("pd", tensor_parallel_size=4)) == [

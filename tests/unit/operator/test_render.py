@@ -315,6 +315,32 @@ def test_every_kv_connector_renders_consistent_bundles(connector: str) -> None:
     assert shared_mounted == (connector == "shared-storage")
 
 
+@pytest.mark.parametrize("connector", ["mooncake", "mooncake+store"])
+def test_only_prefill_pods_get_the_mooncake_bootstrap_port(connector: str) -> None:
+    """vLLM starts MooncakeConnector's bootstrap server on the kv_producer only (MooncakeConnectorWorker, 0.32 and
+    0.33): the decode gets neither the variable nor the container or Service port."""
+    spec = example(OFFLOAD)
+    spec["prefill"]["kv"]["connector"] = connector
+    if "store" not in connector:
+        spec["decode"]["kv"] = {}
+    desired = render(spec)
+    objects = by_key(desired)
+    for name, role in (("demo-prefill", "prefill"), ("demo-prefill-tp2", "prefill"), ("demo-decode", "decode")):
+        bundle = bundles(desired)[name]
+        assert bundle.vllm is not None
+        container = objects[("Deployment", name)]["spec"]["template"]["spec"]["containers"][0]
+        port_names = {p["name"] for p in container["ports"]}
+        service_ports = {p["name"] for p in objects[("Service", name)]["spec"]["ports"]}
+        launched_env = bundle.vllm.env()
+        if role == "prefill":
+            assert bundle.vllm.mooncake_bootstrap_port == 8998 and launched_env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] == "8998"
+            assert "kv-bootstrap" in port_names and "kv-bootstrap" in service_ports
+        else:
+            assert bundle.vllm.mooncake_bootstrap_port is None and "VLLM_MOONCAKE_BOOTSTRAP_PORT" not in launched_env
+            assert "kv-bootstrap" not in port_names | service_ports
+            assert "8998" not in json.dumps(objects[("Deployment", name)])
+
+
 def _load_failure_policies(desired: Desired) -> dict[str, set[str]]:
     """Each KV-carrying bundle's kv_load_failure_policy values: the top-level config (the one vLLM's scheduler
     reads) and every MultiConnector child (inert in vLLM, kept equal so the JSON reads as one policy)."""

@@ -319,8 +319,10 @@ def check_kv(kv: AnyKVConfig | None, server: VllmServerConfig) -> list[str]:
                     "use MooncakeStoreConnector",
                 )
             )
-        if isinstance(child, MooncakeConnectorConfig):
+        if isinstance(child, MooncakeConnectorConfig) and child.kv_role == "kv_producer":
             found.extend(_bootstrap_problems(server))
+        if isinstance(child, MooncakeConnectorConfig) and child.kv_role == "kv_consumer":
+            found.extend(_consumer_bootstrap_problems(server))
         if isinstance(child, MooncakeStoreConnectorConfig):
             found.extend(_store_problems(child.kv_connector_extra_config, server))
     return found
@@ -351,6 +353,21 @@ def _bootstrap_problems(server: VllmServerConfig) -> list[str]:
             )
         ]
     return []
+
+
+def _consumer_bootstrap_problems(server: VllmServerConfig) -> list[str]:
+    """vLLM (0.32 and 0.33) starts the bootstrap server and registers with it only when the worker is not a
+    kv_consumer; a decoder dials the prefill's server from kv_transfer_params, so a port here is never used."""
+    if server.mooncake_bootstrap_port is None:
+        return []
+    return [
+        problem(
+            "vllm.mooncake_bootstrap_port",
+            server.mooncake_bootstrap_port,
+            "a MooncakeConnector kv_consumer runs no bootstrap server (only the prefill does)",
+            "drop it",
+        )
+    ]
 
 
 def _store_problems(extra: MooncakeStoreExtra, server: VllmServerConfig) -> list[str]:

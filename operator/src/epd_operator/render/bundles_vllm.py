@@ -76,7 +76,7 @@ def server_config(ctx: Context, unit: Unit) -> VllmServerConfig:
         python_hash_seed=ctx.hash_seed,
         mooncake_bootstrap_port=(
             ctx.port(unit.name, ports.BOOTSTRAP, ports.KV_BOOTSTRAP_PORT)
-            if unit.role in (c.ROLE_PREFILL, c.ROLE_DECODE) and transfer.uses_p2p_kv(ctx)
+            if transfer.runs_bootstrap_server(ctx, unit.role)
             else None
         ),
         extra_args=(*extra, *section.extra_args),

@@ -26,9 +26,9 @@ default breaks them."""
 
 
 def container_ports(ctx: Context, unit: Unit) -> dict[str, int]:
-    """HTTP, plus the EC control ports on EC consumers and the bootstrap port with MooncakeConnector."""
+    """HTTP, plus the EC control ports on EC consumers and the bootstrap port on MooncakeConnector prefills."""
     ec_consumer = unit.role in (c.ROLE_PREFILL, c.ROLE_PD) and ctx.spec.encoder.connector == "mooncake"
-    bootstrap = unit.role in (c.ROLE_PREFILL, c.ROLE_DECODE) and transfer.uses_p2p_kv(ctx)
+    bootstrap = transfer.runs_bootstrap_server(ctx, unit.role)
     return ports.vllm_ports(
         tensor_parallel_size=unit.tensor_parallel_size, ec_consumer=ec_consumer, kv_bootstrap=bootstrap
     )

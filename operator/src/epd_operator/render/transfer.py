@@ -159,6 +159,13 @@ def uses_p2p_kv(ctx: Context) -> bool:
     return kv is not None and kv.connector in ("mooncake", "mooncake+store")
 
 
+def runs_bootstrap_server(ctx: Context, role: str) -> bool:
+    """Whether the role's pods run MooncakeConnector's bootstrap server, and so get its port: prefill only. vLLM
+    (0.32 and 0.33 MooncakeConnectorWorker) starts it and registers with it only when not a kv_consumer; a
+    decoder reaches the prefill's server at the address the proxy puts in kv_transfer_params."""
+    return role == c.ROLE_PREFILL and uses_p2p_kv(ctx)
+
+
 def uses_shared_storage(ctx: Context, role: str) -> bool:
     """Whether the role's pods mount spec.sharedStorage (an EC or KV shared-storage connector touches it)."""
     enc_shared = ctx.spec.encoder.connector == "shared-storage" and role in (c.ROLE_ENCODER, c.ROLE_PREFILL, c.ROLE_PD)

@@ -109,10 +109,26 @@ def test_transfer_rules_of_the_server_apply_inside_the_bundle(bundle_data: dict[
     assert "vllm.tensor_parallel_size = 2: ECMooncakeConnector producers need 1" in _problems(data)
 
 
-def test_proxy_without_language_model_instances_is_refused(bundle_data: dict[str, dict[str, Any]]) -> None:
+@pytest.mark.parametrize(
+    ("roles", "value"),
+    [((), "no language-model instances"), (("decode",), "only decode"), (("prefill",), "only prefill")],
+)
+def test_proxy_without_pd_or_a_whole_split_is_refused(
+    bundle_data: dict[str, dict[str, Any]], roles: tuple[str, ...], value: str
+) -> None:
     data = bundle_data["proxy"]
-    data["peers"] = {"encoders": [{"host": "e", "port": 1}]}
-    assert "the proxy needs pd, or decode" in _problems(data)
+    data["peers"] = {"encoders": [{"host": "e", "port": 1}], **{r: [{"host": r, "port": 2}] for r in roles}}
+    assert (
+        f"peers = {value!r}: the proxy needs pd, or prefill and decode together (a split). "
+        "Fix: list the pd endpoints, or the prefill and decode endpoints"
+    ) in _problems(data)
+
+
+@pytest.mark.parametrize("roles", [("pd",), ("prefill", "decode")])
+def test_proxy_with_pd_or_a_whole_split_passes(bundle_data: dict[str, dict[str, Any]], roles: tuple[str, ...]) -> None:
+    data = bundle_data["proxy"]
+    data["peers"] = {"encoders": [{"host": "e", "port": 1}], **{r: [{"host": r, "port": 2}] for r in roles}}
+    assert parse_bundle(json.dumps(data)).peers.encoders
 
 
 def test_bad_json_and_unreadable_file_give_one_clear_line(tmp_path: Path) -> None:

@@ -150,13 +150,15 @@ def _proxy_problems(bundle: RoleBundle) -> list[str]:
     if bundle.proxy is None:
         return []
     peers = bundle.peers
-    if peers.pd or (peers.prefill and peers.decode) or peers.decode:
+    # A decode (kv_consumer) is only half a split: alone it has no prefill to take KV from.
+    if peers.pd or (peers.prefill and peers.decode):
         return []
+    given = [name for name in ("prefill", "decode") if getattr(peers, name)]
     return [
         problem(
             "peers",
-            "no language-model instances",
-            "the proxy needs pd, or decode (with prefill for a split)",
+            f"only {' and '.join(given)}" if given else "no language-model instances",
+            "the proxy needs pd, or prefill and decode together (a split)",
             "list the pd endpoints, or the prefill and decode endpoints",
         )
     ]

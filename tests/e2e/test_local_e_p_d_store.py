@@ -14,8 +14,9 @@ The prefill writes the store asynchronously (a send thread, after the step that 
 that looks the blocks up before they land computes them itself: correct, only slower (shared/docs/facts.md). On an
 idle machine that happened to about one request in twenty (full e2e runs, each time another case). So each case
 asserts the answer, that no token came by P2P, and that every prompt token is accounted for; whether the decode
-loaded its blocks or recomputed them is tallied, and the module asserts that most requests loaded them and that a
-fresh prompt does (up to three fresh prompts, each a real attempt).
+loaded its blocks or recomputed them is tallied, and a check after the cases asserts that most of the requests
+that ran loaded them (skipped, saying so, when no case ran); a fresh prompt must load them too (up to three fresh
+prompts, each a real attempt).
 
 Instances: the session's baseline and this module's deployment, stopped when the module ends.
 """
@@ -96,13 +97,19 @@ def test_the_proxy_answers_as_the_baseline_and_the_decode_loads_full_blocks_from
         print(f"{label}: the decode recomputed full blocks (looked them up before the store write landed): {delta}")
 
 
-def test_most_cases_and_a_fresh_prompt_reach_the_decode_through_the_store(epd: LocalEPD) -> None:
-    """Of the cases above (when they ran), most loaded every full block. A prompt no instance has seen: the
-    prefill stores its full blocks under the deployment's KV prefix, and the decode, which cannot have them
-    cached, loads them from the store and computes only the last one (a lookup that raced the store write is
-    retried with another fresh prompt, at most FRESH_ATTEMPTS in all)."""
+def test_most_cases_loaded_every_full_block_from_the_store() -> None:
+    """Judges what the cases above recorded, so it asks for no deployment of its own: when none of them ran
+    (deselected, or run after this check) it is skipped saying so, never passed on an empty tally."""
+    if not OUTCOMES:
+        pytest.skip("no case of this module recorded an outcome (deselected, or not run before this check)")
     missed = [label for label, loaded in OUTCOMES.items() if not loaded]
-    assert len(missed) * 2 < max(1, len(OUTCOMES)), f"the decode recomputed full blocks in {missed} of {list(OUTCOMES)}"
+    assert len(missed) * 2 < len(OUTCOMES), f"the decode recomputed full blocks in {missed} of {list(OUTCOMES)}"
+
+
+def test_a_fresh_prompt_reaches_the_decode_through_the_store(epd: LocalEPD) -> None:
+    """A prompt no instance has seen: the prefill stores its full blocks under the deployment's KV prefix, and
+    the decode, which cannot have them cached, loads them from the store and computes only the last one (a
+    lookup that raced the store write is retried with another fresh prompt, at most FRESH_ATTEMPTS in all)."""
     misses = []
     for attempt in range(FRESH_ATTEMPTS):
         keys_before = epd.store_keys()

@@ -333,7 +333,8 @@ def test_only_prefill_pods_get_the_mooncake_bootstrap_port(connector: str) -> No
         service_ports = {p["name"] for p in objects[("Service", name)]["spec"]["ports"]}
         launched_env = bundle.vllm.env()
         if role == "prefill":
-            assert bundle.vllm.mooncake_bootstrap_port == 8998 and launched_env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] == "8998"
+            assert bundle.vllm.mooncake_bootstrap_port == 8998
+            assert launched_env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] == "8998"
             assert "kv-bootstrap" in port_names and "kv-bootstrap" in service_ports
         else:
             assert bundle.vllm.mooncake_bootstrap_port is None and "VLLM_MOONCAKE_BOOTSTRAP_PORT" not in launched_env

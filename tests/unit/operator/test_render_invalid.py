@@ -146,7 +146,11 @@ def test_p2p_kv_between_dividing_tp_sizes_renders(connector: str, prefill_tps: l
 def test_the_library_refuses_p2p_bundles_of_unfit_tp_sizes() -> None:
     """The same rule over rendered bundles (hand-written bundles, or a render that skipped the spec rule)."""
     desired = render_desired(OWNER, parse_spec(p2p_spec("mooncake", [2, 4], 2)), OperatorDefaults())
-    found = {o["metadata"]["name"]: parse_bundle(o["data"]["bundle.json"]) for o in desired.objects if o["kind"] == "ConfigMap"}
+    found = {
+        o["metadata"]["name"]: parse_bundle(o["data"]["bundle.json"])
+        for o in desired.objects
+        if o["kind"] == "ConfigMap"
+    }
     assert validate.deployment_problems(found) == []
     pool = found["demo-prefill-pool0-bundle"]
     assert pool.vllm is not None

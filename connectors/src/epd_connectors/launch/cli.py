@@ -13,6 +13,7 @@ from pathlib import Path
 
 from epd_connectors.config.base import ConfigError
 from epd_connectors.config.bundle import Role, load_bundle
+from epd_connectors.launch.model_check import read_model_config, store_sharing_problem
 from epd_connectors.launch.plan import LaunchError, LaunchPlan, plan_launch
 from epd_connectors.launch.readiness import DependencyTimeoutError, wait_for_all
 
@@ -63,6 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     except (LaunchError, ConfigError) as exc:
         say(f"cannot start: {exc}")
         return 2
+    # The bundle is valid, but the model it points at may defeat what it asks for (model_check).
+    config = read_model_config(bundle.vllm.model) if bundle.vllm is not None else None
+    mismatch = store_sharing_problem(bundle, config) if config is not None else None
+    if mismatch is not None:
+        say(f"cannot start: {mismatch}")
+        return 1
     if args.dry_run:
         print(json.dumps(_plan_as_dict(plan), indent=2, sort_keys=True))
         return 0

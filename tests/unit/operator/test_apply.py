@@ -48,12 +48,12 @@ class FakeApi:
         if method == "GET" and query is None:  # one object
             if path not in self.objects:
                 raise _kube.NotFoundError(method, path, 404, "NotFound", "not found")
-            return copy.deepcopy(self.objects[path])
+            return _public(self.objects[path])
         if method == "GET":
             assert query is not None
             wanted = dict(pair.split("=") for pair in query["labelSelector"].split(","))
             items = [
-                copy.deepcopy(o)
+                _public(o)
                 for p, o in self.objects.items()
                 if p.rsplit("/", 1)[0] == path and wanted.items() <= o["metadata"].get("labels", {}).items()
             ]
@@ -237,9 +237,20 @@ def test_selector_names_the_deployment_and_the_manager() -> None:
     ],
 )
 def test_http_statuses_become_our_errors(status: int, error: type[_kube.KubeError], retryable: bool) -> None:
-    found = _kube._error_type(status)
+    found = _kube._error_type(status, {})
     assert found is error
     assert found("GET", "/x", status, "Reason", "msg").retryable is retryable
+
+
+def test_a_terminating_namespace_is_its_own_error_and_not_retried() -> None:
+    # The answer the NamespaceLifecycle admission gives an apply that would create in a terminating namespace.
+    answer = {
+        "reason": "Forbidden",
+        "details": {"causes": [{"reason": "NamespaceTerminating", "field": "metadata.namespace"}]},
+    }
+    found = _kube._error_type(403, answer)
+    assert found is _kube.NamespaceTerminatingError
+    assert found("PATCH", "/x", 403, "Forbidden", "being terminated").retryable is False
 
 
 def test_collection_paths() -> None:

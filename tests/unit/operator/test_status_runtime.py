@@ -326,3 +326,25 @@ def test_a_terminating_namespace_gets_no_repair_and_no_event() -> None:
     asyncio.run(scenario())
     assert events == []
     assert rt.deployments == {} and rt._repairs == {}
+
+
+class RacingApi(Api):
+    """A controller writes each Deployment's status just before our apply reaches it."""
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        if method == "PATCH" and "/deployments/" in path and path in self.objects:
+            self.rv += 1
+            self.objects[path]["metadata"]["resourceVersion"] = str(self.rv)
+            self.objects[path]["status"] = {"observedGeneration": 1, "replicas": self.rv}
+        return await super().request(method, path, **kwargs)
+
+
+def test_a_no_op_reconcile_after_a_status_write_posts_no_applied_event() -> None:
+    api = RacingApi()
+    first, _ = runtime(api)
+    asyncio.run(first.reconcile(body()))
+    restarted, events = runtime(api)  # a fresh process sends every child once
+    asyncio.run(restarted.reconcile(body()))
+    assert ("info", "Applied") not in events
+    value = restarted.metrics.registry.get_sample_value
+    assert value("epd_operator_reconciles_total", {"outcome": "unchanged"}) == 1

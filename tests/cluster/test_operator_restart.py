@@ -109,3 +109,25 @@ def test_clean_restart_writes_nothing(operator: Operator, kube: Kube, op_namespa
     time.sleep(1.0)
     assert versions() == before
     assert operator.metrics().get("epd_operator_status_writes_total") == 0
+
+
+def test_a_restarted_operator_counts_every_deployments_stored_phase(
+    operator: Operator, kube: Kube, op_namespace: str
+) -> None:
+    names = [f"counted-{i}" for i in range(3)]
+    for name in names:
+        kube.request("POST", EPD_PATH.format(ns=op_namespace), small(op_namespace, name))
+    for name in names:
+        eventually(f"{name} Ready", lambda name=name: is_ready(kube, op_namespace, name))  # type: ignore[misc]
+    ready_gauge = 'epd_operator_deployments{phase="Ready"}'
+    eventually("the gauge counts them", lambda: operator.metrics().get(ready_gauge) == len(names))
+    operator.stop()
+    operator.start()
+    eventually(
+        "the restarted operator to resume them",
+        lambda: operator.metrics().get('epd_operator_reconciles_total{outcome="unchanged"}', 0) >= len(names),
+    )
+    samples = operator.metrics()
+    # Their status did not change, so the new process wrote none: the gauge comes from the stored status.
+    assert samples.get("epd_operator_status_writes_total") == 0
+    assert samples.get(ready_gauge) == len(names)

@@ -62,13 +62,27 @@ class ForbiddenError(KubeError):
     retryable = True  # an administrator may fix RBAC; retrying with backoff picks that up
 
 
+class NamespaceTerminatingError(ForbiddenError):
+    """403 because the namespace is being deleted: nothing may be created there any more, and retrying cannot
+    help (the namespace and everything in it are going)."""
+
+    retryable = False
+
+
+NAMESPACE_TERMINATING = "NamespaceTerminating"
+"""The cause the API server's NamespaceLifecycle admission attaches to that 403 (details.causes[].reason)."""
+
+
 class UnavailableError(KubeError):
     """No answer, a timeout, 429 or 5xx: the API server is busy or unreachable."""
 
     retryable = True
 
 
-def _error_type(status: int) -> type[KubeError]:
+def _error_type(status: int, answer: Mapping[str, Any]) -> type[KubeError]:
+    causes = (answer.get("details") or {}).get("causes") or []
+    if status == 403 and any(isinstance(x, dict) and x.get("reason") == NAMESPACE_TERMINATING for x in causes):
+        return NamespaceTerminatingError
     if status == 404:
         return NotFoundError
     if status == 409:
@@ -199,7 +213,7 @@ class Client:
             decoded = {"message": raw[:200].decode(errors="replace")}
         if status >= 300:
             answer = decoded if isinstance(decoded, dict) else {}
-            error = _error_type(status)
+            error = _error_type(status, answer)
             raise error(
                 method, path, status, str(answer.get("reason", response.reason)), str(answer.get("message", ""))
             )

@@ -11,6 +11,11 @@ in a field we own is applied again, so the events of our own applies, status upd
 fields cost no request. Repairs of one child are paced (`pacing`), so a writer that keeps undoing ours does not
 turn into a tight loop of writes.
 
+A spec whose children cannot be applied (another EPDDeployment holds one of their names, or the API server
+refuses one) is reported in Ready with the reason and the server's message, for the generation it concerns. A
+name conflict is tried again when the object in the way is deleted (its watch event), or when the spec changes.
+Once the namespace is being deleted, the operator leaves its deployments alone: no repair, no Event.
+
 A restarted operator rebuilds all of it: the resume handler re-applies every EPDDeployment (no-ops for the
 server) and takes the workloads from the answers, and the watches' initial listings fill in the rest. What is
 lost with the process is the last valid render of a spec that is invalid now; status then reports its roles
@@ -20,6 +25,8 @@ as Unknown until the spec is fixed (and its children are not repaired meanwhile)
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copy
 import logging
 import time
 from collections import Counter
@@ -40,6 +47,8 @@ log = logging.getLogger(__name__)
 
 Key = tuple[str, str]
 """(namespace, name) of an EPDDeployment."""
+ChildKey = tuple[str, str, str]
+"""(kind, namespace, name) of a child, as `apply.key_of` makes it."""
 
 RETRY_DELAY_S = 5.0
 """Before kopf retries a reconcile the API server failed; its own backoff grows from there."""
@@ -52,6 +61,11 @@ RETRY_STATUS_S = 2.0
 
 RETRY_REPAIR_S = 5.0
 """When a repair failed with an error worth retrying (API server busy), the next attempt."""
+
+TRANSIENT_STATUSES = frozenset({0, 404, 409, 429, 502, 503, 504})
+"""API answers that say nothing about the object sent (no answer, busy, a race, a cache not caught up yet):
+retried without a word in status. Any other failure is the server refusing what we sent (400, 422, a 500
+from a value it cannot store, a 403 of missing RBAC), and Ready reports it."""
 
 ANNOUNCED = frozenset({c.COND_VALID, c.COND_READY})
 """Conditions announced by an Event when they turn True; any condition is announced when it turns False."""
@@ -72,6 +86,14 @@ class Tracked:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     pending: asyncio.Task[None] | None = None
     """A status refresh waiting for more workload events to coalesce with."""
+    blocked: tuple[str, str] | None = None
+    """(reason, message) when the current spec's children could not be applied (status.Facts.blocked)."""
+    blocking: frozenset[ChildKey] = frozenset()
+    """The objects of other EPDDeployments in the way (a name conflict): their deletion retries the reconcile."""
+    body: dict[str, Any] | None = None
+    """metadata and spec as last reconciled, for that retry."""
+    failure: str = ""
+    """The message of the last ApplyFailed Event, so a failure retried unchanged is announced once."""
 
 
 def _owner(body: Mapping[str, Any]) -> Owner:
@@ -81,10 +103,6 @@ def _owner(body: Mapping[str, Any]) -> Owner:
 
 def _key(tracked: Tracked) -> Key:
     return tracked.owner.namespace, tracked.owner.name
-
-
-ChildKey = tuple[str, str, str]
-"""(kind, namespace, name) of a child, as `apply.key_of` makes it."""
 
 
 def _wanted(tracked: Tracked, key: ChildKey) -> dict[str, Any] | None:
@@ -153,6 +171,8 @@ class Runtime:
             ref = kopf.Body(raw)
             tracked = Tracked(owner, ref, status.parse(body.get("status")))
             self.deployments[key] = tracked
+            if tracked.status.conditions:  # written before (by an earlier process): counts until we write again
+                self.metrics.set_phase(key, tracked.status.phase)
         return tracked
 
     def _remember(self, key: ChildKey, body: Mapping[str, Any], *, watched: bool) -> None:
@@ -185,14 +205,22 @@ class Runtime:
     async def reconcile(self, body: Mapping[str, Any]) -> None:
         """Parse, render, apply, prune, status. Raises kopf errors so kopf retries what may succeed later."""
         tracked = self.track(body)
+        tracked.body = {"metadata": dict(body["metadata"]), "spec": copy.deepcopy(dict(body.get("spec") or {}))}
         began = time.perf_counter()
         async with tracked.lock:
             try:
                 outcome = await self._reconcile(tracked, _owner(body), body.get("spec") or {})
+            except _kube.NamespaceTerminatingError:
+                # Everything in the namespace is going: re-creating children or posting Events there only fails.
+                log.info("%s/%s: the namespace is being deleted; leaving it alone", *_key(tracked))
+                self.forget(*_key(tracked))
+                return
             except _kube.KubeError as exc:
                 self.metrics.reconciles.labels("error").inc()
                 self.metrics.errors.labels(type(exc).__name__).inc()
-                self._event(tracked, "warn", reason="ApplyFailed", message=str(exc))
+                if str(exc) != tracked.failure:  # kopf retries: announce each failure once
+                    self._event(tracked, "warn", reason="ApplyFailed", message=str(exc))
+                    tracked.failure = str(exc)
                 if exc.retryable:
                     raise kopf.TemporaryError(str(exc), delay=RETRY_DELAY_S) from exc
                 raise kopf.PermanentError(str(exc)) from exc
@@ -221,9 +249,29 @@ class Runtime:
         if tracked.problems:
             self._event(tracked, "info", reason="SpecValid", message="the spec is valid again; applying it")
         tracked.problems = []
-        async with self._syncs:
-            result = await apply.sync(self.client, owner, desired.objects, self.applied)
+        try:
+            async with self._syncs:
+                result = await apply.sync(self.client, owner, desired.objects, self.applied)
+        except apply.NameConflictError as exc:
+            tracked.owner, tracked.blocked, tracked.blocking = owner, (status.REASON_NAME_CONFLICT, str(exc)), exc.keys
+            log.warning("%s/%s: name conflict, nothing applied: %s", *_key(tracked), exc)
+            if str(exc) != tracked.failure:
+                self._event(tracked, "warn", reason=status.REASON_NAME_CONFLICT, message=str(exc))
+                tracked.failure = str(exc)
+            self.metrics.errors.labels("NameConflict").inc()
+            await self.publish(tracked)
+            return "conflict"
+        except _kube.KubeError as exc:
+            if exc.status not in TRANSIENT_STATUSES and not isinstance(exc, _kube.NamespaceTerminatingError):
+                tracked.owner, tracked.blocking = owner, frozenset()
+                tracked.blocked = (status.REASON_APPLY_FAILED, f"the API server refused a child: {exc}")
+                try:
+                    await self.publish(tracked)
+                except _kube.KubeError as also:  # the original failure is the one to raise
+                    log.warning("%s/%s: status not written: %s", *_key(tracked), also)
+            raise
         tracked.owner, tracked.desired = owner, desired
+        tracked.blocked, tracked.blocking, tracked.failure = None, frozenset(), ""
         for obj in result.live:
             if obj["kind"] in apply.WORKLOAD_KINDS:
                 self._remember(apply.key_of(obj), obj, watched=False)
@@ -263,6 +311,7 @@ class Runtime:
             derived=desired.derived if desired is not None else None,
             previous=tracked.status,
             now=status.now(),
+            blocked=tracked.blocked,
         )
         new = status.compute(facts)
         if new == tracked.status:
@@ -289,6 +338,10 @@ class Runtime:
         meta = obj.get("metadata", {})
         key = (kind, meta.get("namespace", ""), meta.get("name", ""))
         deleted = event_type == "DELETED"
+        if deleted:
+            for blocked in [t for t in self.deployments.values() if key in t.blocking]:
+                blocked.blocking = frozenset()  # one retry per conflict: it finds any that remain
+                self._retry_later(blocked)
         if kind in apply.WORKLOAD_KINDS:
             if not deleted:
                 self._remember(key, obj, watched=True)
@@ -339,6 +392,10 @@ class Runtime:
                 # edit and its repair). Not the resourceVersion: a controller's status write may move it meanwhile.
                 before = None if live is None else await apply.current(self.client, wanted)
                 answers = await apply.apply(self.client, wanted, live)
+            except _kube.NamespaceTerminatingError:
+                log.info("%s/%s: the namespace is being deleted; leaving it alone", *_key(tracked))
+                self.forget(owner.namespace, owner.name)
+                return
             except _kube.KubeError as exc:
                 self._event(tracked, "warn", reason="RepairFailed", message=f"{key[0]} {key[2]}: {exc}")
                 if exc.retryable:
@@ -368,6 +425,22 @@ class Runtime:
             await self._repair(tracked, key, live, paced=True)
 
         self._repairs[key] = task = asyncio.create_task(later())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _retry_later(self, tracked: Tracked) -> None:
+        """Reconcile `tracked` again (the object in its way is gone), from its last body."""
+        if tracked.body is None:
+            return
+        body = tracked.body
+
+        async def again() -> None:
+            if self.deployments.get(_key(tracked)) is not tracked:
+                return  # forgotten meanwhile
+            with contextlib.suppress(kopf.TemporaryError, kopf.PermanentError):  # reported; its next event retries
+                await self.reconcile(body)
+
+        task = asyncio.create_task(again())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

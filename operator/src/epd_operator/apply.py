@@ -17,6 +17,13 @@ clash (two ports named "http"). `apply` then removes the other manager's entries
 Pruning lists the children by label (`epd.serving.io/deployment=<name>` and managed-by) across the managed
 kinds and deletes those not desired, but only ones whose controller owner reference is this very
 EPDDeployment (uid), so a stray object that merely carries the labels is never deleted.
+
+Nothing is ever applied over an object another EPDDeployment controls: before the first write of a sync, every
+desired child the label listing did not find is read by name, and when one exists under another EPDDeployment's
+controller reference, `sync` applies nothing at all and raises `NameConflictError` (see `conflicts`). Applying
+it would take the object over (the same field manager owns it), and deleting the newcomer would then
+garbage-collect the other deployment's object. Names are unique by construction (`derive.names.Names`), so this
+guards against what a future name pattern or a hand-made object could still bring about.
 """
 
 from __future__ import annotations
@@ -138,6 +145,67 @@ class Applied:
             self.entries.pop(key, None)
 
 
+def _controller(obj: dict[str, Any]) -> dict[str, Any] | None:
+    refs = obj.get("metadata", {}).get("ownerReferences") or []
+    return next((ref for ref in refs if ref.get("controller")), None)
+
+
+@dataclass(frozen=True)
+class NameConflict:
+    """A desired child whose name an object controlled by another EPDDeployment already has."""
+
+    kind: str
+    name: str
+    holder: str
+    """Name of the EPDDeployment controlling the object."""
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name} belongs to EPDDeployment {self.holder}"
+
+
+def conflicts(owner: Owner, existing: Iterable[dict[str, Any]]) -> list[NameConflict]:
+    """The objects of `existing` (live objects named as `owner`'s desired children) that another EPDDeployment
+    controls (pure).
+
+    One of the same name but another uid is an earlier EPDDeployment of that name, deleted since (names are
+    unique in a namespace): its leftovers are adopted, as an apply under our field manager always did.
+    """
+    found: list[NameConflict] = []
+    for live in existing:
+        ref = _controller(live)
+        if ref is None or ref.get("kind") != c.KIND or str(ref.get("apiVersion", "")).split("/")[0] != c.GROUP:
+            continue
+        if ref.get("uid") != owner.uid and ref.get("name") != owner.name:
+            found.append(NameConflict(live["kind"], live["metadata"]["name"], str(ref.get("name"))))
+    return found
+
+
+class NameConflictError(Exception):
+    """`sync` found desired children another EPDDeployment holds, and wrote nothing."""
+
+    def __init__(self, owner: Owner, found: Sequence[NameConflict]) -> None:
+        self.found = list(found)
+        self.keys = frozenset((x.kind, owner.namespace, x.name) for x in found)
+        listed = "; ".join(str(x) for x in found)
+        super().__init__(
+            f"{listed}. Nothing of EPDDeployment {owner.name} was applied, and the other deployment is left as it "
+            f"is. Fix: give this EPDDeployment (or the other) a name whose children's names differ"
+        )
+
+
+def _content(obj: dict[str, Any]) -> dict[str, Any]:
+    """The object less what others write without changing it: status (controllers), resourceVersion and
+    managedFields (every write)."""
+    meta = {k: v for k, v in obj.get("metadata", {}).items() if k not in ("resourceVersion", "managedFields")}
+    return {**{k: v for k, v in obj.items() if k != "status"}, "metadata": meta}
+
+
+def wrote(before: dict[str, Any] | None, answers: Sequence[dict[str, Any]]) -> bool:
+    """Whether an apply changed the object (pure). Not the resourceVersion: a controller's status write between
+    our listing and our apply moves it too, and a no-op would count as a write."""
+    return before is None or len(answers) > 1 or _content(before) != _content(answers[-1])
+
+
 @dataclass(frozen=True)
 class SyncResult:
     """What one sync did, and the children as they are now."""
@@ -250,8 +318,8 @@ async def list_children(
 
 
 def _controlled_by(obj: dict[str, Any], uid: str) -> bool:
-    refs = obj.get("metadata", {}).get("ownerReferences") or []
-    return any(ref.get("uid") == uid and ref.get("controller") for ref in refs)
+    ref = _controller(obj)
+    return ref is not None and ref.get("uid") == uid
 
 
 async def delete(client: _kube.Requester, obj: dict[str, Any]) -> None:
@@ -291,10 +359,17 @@ def _batches(objects: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 
 async def sync(client: _kube.Requester, owner: Owner, objects: Sequence[dict[str, Any]], memory: Applied) -> SyncResult:
-    """Apply `objects` (skipping ones unchanged since this process applied them), then prune the rest."""
+    """Apply `objects` (skipping ones unchanged since this process applied them), then prune the rest.
+    Raises NameConflictError, having written nothing, when another EPDDeployment holds one of the names."""
     for obj in objects:
         kind_of(obj)  # refuse an unmanaged kind before writing anything
-    current = {key_of(o): o for o in await list_children(client, owner.namespace, owner.name)}
+    listed = {key_of(o): o for o in await list_children(client, owner.namespace, owner.name)}
+    # Only the names the listing lacks can belong to someone else (ours carry our labels): one read each, so
+    # a reconcile of existing children costs nothing more.
+    unlisted = await asyncio.gather(*(current(client, o) for o in objects if key_of(o) not in listed))
+    found = conflicts(owner, [*listed.values(), *(o for o in unlisted if o is not None)])
+    if found:
+        raise NameConflictError(owner, found)
     live: dict[tuple[str, str, str], dict[str, Any]] = {}
     written: list[tuple[str, str, str]] = []
     sent = 0
@@ -302,7 +377,7 @@ async def sync(client: _kube.Requester, owner: Owner, objects: Sequence[dict[str
     async def one(obj: dict[str, Any]) -> None:
         nonlocal sent
         key, digest = key_of(obj), fingerprint(obj)
-        before = current.get(key)
+        before = listed.get(key)
         if before is not None and memory.unchanged(obj, digest, before):
             live[key] = before
             return
@@ -311,13 +386,13 @@ async def sync(client: _kube.Requester, owner: Owner, objects: Sequence[dict[str
         sent += 1
         memory.record(obj, digest, answers)
         live[key] = after
-        if before is None or before["metadata"].get("resourceVersion") != after["metadata"].get("resourceVersion"):
+        if wrote(before, answers):
             written.append(key)
 
     for batch in _batches(objects):
         await asyncio.gather(*(one(o) for o in batch))
     wanted = {key_of(o) for o in objects}
-    doomed = [o for k, o in current.items() if k not in wanted and _controlled_by(o, owner.uid)]
+    doomed = [o for k, o in listed.items() if k not in wanted and _controlled_by(o, owner.uid)]
     await asyncio.gather(*(delete(client, o) for o in doomed))
     memory.forget(owner.namespace, [key_of(o) for o in doomed])
     skipped = len(objects) - sent

@@ -28,7 +28,7 @@ class Metrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.reconciles = Counter(
             "epd_operator_reconciles",
-            "Reconciles of an EPDDeployment, by outcome (changed, unchanged, invalid, error).",
+            "Reconciles of an EPDDeployment, by outcome (changed, unchanged, invalid, conflict, error).",
             ["outcome"],
             registry=self.registry,
         )

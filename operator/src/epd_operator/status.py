@@ -53,6 +53,10 @@ REASON_NOT_READY = "PodsNotReady"
 REASON_READY = "AllReplicasReady"
 REASON_ALL_READY = "AllRolesReady"
 REASON_ROLES_NOT_READY = "RolesNotReady"
+REASON_NAME_CONFLICT = "NameConflict"
+"""Another EPDDeployment controls an object of a name this one's children need (apply.conflicts)."""
+REASON_APPLY_FAILED = "ApplyFailed"
+"""The API server refused a child (its message follows)."""
 PROGRESS_REASONS = frozenset({REASON_MISSING, REASON_ROLLING})
 """Reasons that mean "on its way", not "broken"."""
 
@@ -140,6 +144,10 @@ class Facts:
     previous: EPDDeploymentStatus
     """The status as it stands (for lastTransitionTime and the Degraded phase)."""
     now: str
+    blocked: tuple[str, str] | None = None
+    """(reason, message) when the valid spec of `generation` could not be applied: a name conflict, or a child
+    the API server refused. The generation still counts as observed (the operator acted on it, and Ready says
+    why it failed); `observed` is then the last render that was applied, if any."""
 
 
 def condition(
@@ -171,9 +179,10 @@ def _role_condition(
     facts: Facts, observed: Sequence[Observed] | None, kind: str, roles: Sequence[str], absent: str
 ) -> Condition:
     if observed is None:
-        return condition(
-            facts.previous, kind, "Unknown", reason=REASON_INVALID, message="no valid spec was applied yet", facts=facts
-        )
+        reason, message = REASON_INVALID, "no valid spec was applied yet"
+        if facts.blocked is not None and not facts.problems:
+            reason, message = facts.blocked[0], "nothing was applied yet: see Ready"
+        return condition(facts.previous, kind, "Unknown", reason=reason, message=message, facts=facts)
     mine = [o for o in observed if o.workload.role in roles]
     if not mine:
         return condition(facts.previous, kind, "True", reason=REASON_NOT_REQUIRED, message=absent, facts=facts)
@@ -197,6 +206,8 @@ def _phase(facts: Facts, conditions: Sequence[Condition], ready_total: int) -> P
         return "Invalid"
     if by_type[c.COND_READY].status == "True":
         return "Ready"
+    if facts.blocked is not None:  # the spec is not what runs: whatever runs is the previous one
+        return "Degraded" if ready_total > 0 else "Pending"
     rolling = any(x.reason in PROGRESS_REASONS for x in conditions)
     was_ready = facts.previous.phase in ("Ready", "Degraded") and facts.previous.observed_generation == facts.generation
     if was_ready and not rolling:
@@ -219,6 +230,11 @@ def compute(facts: Facts) -> EPDDeploymentStatus:
             "the children still follow the last valid spec" if observed is not None else "nothing was created"
         )
         ready = condition(prev, c.COND_READY, "False", reason=REASON_INVALID, message=message, facts=facts)
+    elif facts.blocked is not None:
+        reason, message = facts.blocked
+        if observed is not None:
+            message += "; the children still follow the last spec applied"
+        ready = condition(prev, c.COND_READY, "False", reason=reason, message=message, facts=facts)
     elif all(x.status == "True" for x in role_conditions):
         ready = condition(
             prev, c.COND_READY, "True", reason=REASON_ALL_READY, message="every role is ready", facts=facts

@@ -48,12 +48,12 @@ class FakeApi:
         if method == "GET" and query is None:  # one object
             if path not in self.objects:
                 raise _kube.NotFoundError(method, path, 404, "NotFound", "not found")
-            return copy.deepcopy(self.objects[path])
+            return _public(self.objects[path])
         if method == "GET":
             assert query is not None
             wanted = dict(pair.split("=") for pair in query["labelSelector"].split(","))
             items = [
-                copy.deepcopy(o)
+                _public(o)
                 for p, o in self.objects.items()
                 if p.rsplit("/", 1)[0] == path and wanted.items() <= o["metadata"].get("labels", {}).items()
             ]
@@ -188,6 +188,67 @@ def test_objects_of_another_owner_are_never_pruned() -> None:
     assert "/api/v1/namespaces/ns/configmaps/stray" in api.objects
 
 
+def held_by(holder: Owner, kind: str, name: str) -> dict[str, Any]:
+    return {**obj(kind, name, owner=holder), "metadata": {**obj(kind, name, owner=holder)["metadata"], "uid": "x"}}
+
+
+def test_conflicts_are_objects_another_epddeployment_controls() -> None:
+    other = Owner("demo-prefill", "ns", "uid-9", 1)
+    foreign = {**held_by(OWNER, "Service", "demo-encoder")}
+    foreign["metadata"]["ownerReferences"] = [
+        {"apiVersion": "apps/v1", "kind": "ReplicaSet", "uid": "r", "controller": True}
+    ]
+    unowned = obj("ConfigMap", "demo-proxy-bundle")
+    unowned["metadata"]["ownerReferences"] = []
+    found = apply.conflicts(
+        OWNER,
+        [
+            held_by(other, "Service", "demo-prefill-decode"),  # another deployment's: the conflict
+            held_by(OWNER, "ConfigMap", "demo-encoder-bundle"),  # ours
+            held_by(OTHER, "Deployment", "demo-encoder"),  # an earlier "demo" (deleted): adopted
+            foreign,  # not an EPDDeployment's
+            unowned,
+        ],
+    )
+    assert found == [apply.NameConflict("Service", "demo-prefill-decode", "demo-prefill")]
+
+
+def test_sync_writes_nothing_when_another_deployment_holds_a_name() -> None:
+    api = FakeApi()
+    other = Owner("other", "ns", "uid-9", 1)
+    sync(
+        api, [obj("Service", "demo-encoder", owner=other, spec={"selector": {"app": "other"}})], apply.Applied(), other
+    )
+    api.requests.clear()
+    with pytest.raises(apply.NameConflictError) as raised:
+        sync(api, desired(), apply.Applied())
+    assert api.writes() == []
+    assert raised.value.keys == {("Service", "ns", "demo-encoder")}
+    assert "Service demo-encoder belongs to EPDDeployment other" in str(raised.value)
+    assert "Fix: give this EPDDeployment" in str(raised.value)
+    assert api.objects["/api/v1/namespaces/ns/services/demo-encoder"]["spec"] == {"selector": {"app": "other"}}
+
+
+class RacingApi(FakeApi):
+    """A controller writes a Deployment's status between our listing and our (no-op) apply."""
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        if method == "PATCH" and "/deployments/" in path and path in self.objects:
+            self.rv += 1
+            live = self.objects[path]
+            live["metadata"]["resourceVersion"] = str(self.rv)
+            live["status"] = {"observedGeneration": live["metadata"]["generation"], "readyReplicas": self.rv}
+        return await super().request(method, path, **kwargs)
+
+
+def test_a_status_write_racing_a_no_op_apply_is_no_write() -> None:
+    api = RacingApi()
+    sync(api, desired(), apply.Applied())
+    result = sync(api, desired(), apply.Applied())  # a fresh process: sends everything once
+    assert result.sent == 6
+    assert result.written == [] and not result.changed
+
+
 def test_workloads_follow_the_objects_they_use_in_order() -> None:
     batches = apply._batches(desired())
     assert [[o["kind"] for o in b] for b in batches] == [
@@ -237,9 +298,20 @@ def test_selector_names_the_deployment_and_the_manager() -> None:
     ],
 )
 def test_http_statuses_become_our_errors(status: int, error: type[_kube.KubeError], retryable: bool) -> None:
-    found = _kube._error_type(status)
+    found = _kube._error_type(status, {})
     assert found is error
     assert found("GET", "/x", status, "Reason", "msg").retryable is retryable
+
+
+def test_a_terminating_namespace_is_its_own_error_and_not_retried() -> None:
+    # The answer the NamespaceLifecycle admission gives an apply that would create in a terminating namespace.
+    answer = {
+        "reason": "Forbidden",
+        "details": {"causes": [{"reason": "NamespaceTerminating", "field": "metadata.namespace"}]},
+    }
+    found = _kube._error_type(403, answer)
+    assert found is _kube.NamespaceTerminatingError
+    assert found("PATCH", "/x", 403, "Forbidden", "being terminated").retryable is False
 
 
 def test_collection_paths() -> None:

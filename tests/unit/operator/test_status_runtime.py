@@ -33,6 +33,8 @@ class Api(FakeApi):
         self.status_writes: list[dict[str, Any]] = []
         self.epd_exists = True
         self.fail_applies = False
+        self.refuse: _kube.KubeError | None = None
+        """Raised for every apply, when set."""
 
     async def request(
         self,
@@ -52,6 +54,8 @@ class Api(FakeApi):
             if not self.epd_exists:
                 raise _kube.NotFoundError(method, path, 404, "NotFound", "")
             return {"metadata": {"uid": "uid-1"}}
+        if method == "PATCH" and self.refuse is not None:
+            raise self.refuse
         if method == "PATCH" and self.fail_applies:
             raise _kube.UnavailableError(method, path, 503, "ServiceUnavailable", "busy")
         return await super().request(method, path, query=query, body=body, content_type=content_type)
@@ -196,7 +200,7 @@ def test_api_failures_become_kopf_retries() -> None:
     rt, events = runtime(api)
     with pytest.raises(kopf.TemporaryError):
         asyncio.run(rt.reconcile(body()))
-    assert events == [("warn", "ApplyFailed")]
+    assert [e for e in events if e[0] == "warn"] == [("warn", "ApplyFailed")]
     assert rt.metrics.registry.get_sample_value("epd_operator_reconcile_errors_total", {"reason": "UnavailableError"})
 
 
@@ -216,3 +220,131 @@ def test_a_failed_apply_keeps_reporting_the_previous_generation() -> None:
     latest = status.parse(api.status_writes[-1])
     assert latest.observed_generation == 1
     assert latest.roles_ready["pd"] == "1/1"
+
+
+def ready_condition(api: Api) -> Any:
+    return next(x for x in status.parse(api.status_writes[-1]).conditions if x.type == c.COND_READY)
+
+
+@pytest.mark.parametrize(
+    ("refusal", "retried"),
+    [
+        (_kube.InvalidError("PATCH", "/x", 422, "Invalid", 'spec.replicas: Invalid value: "x"'), False),
+        (
+            _kube.UnavailableError("PATCH", "/x", 500, "InternalError", "quantities must match the regular expression"),
+            True,
+        ),
+    ],
+)
+def test_a_refused_apply_is_reported_in_ready_for_its_generation(refusal: _kube.KubeError, retried: bool) -> None:
+    api = Api()
+    api.refuse = refusal
+    rt, events = runtime(api)
+
+    async def scenario() -> None:
+        for _ in range(2):  # kopf's retry: the same failure is announced once
+            with pytest.raises(kopf.TemporaryError if retried else kopf.PermanentError):
+                await rt.reconcile(body(generation=3))
+
+    asyncio.run(scenario())
+    st = status.parse(api.status_writes[-1])
+    ready = ready_condition(api)
+    assert (ready.status, ready.reason) == ("False", "ApplyFailed")
+    assert refusal.message in ready.message
+    assert st.observed_generation == 3 and ready.observed_generation == 3
+    assert len(api.status_writes) == 1
+    assert [e for e in events if e[0] == "warn"] == [("warn", "ApplyFailed")]
+
+
+def test_a_name_conflict_is_reported_and_tried_again_once_the_object_is_gone() -> None:
+    api = Api()
+    rt, events = runtime(api)
+    path = "/apis/apps/v1/namespaces/ns/deployments/demo-encoder"
+    theirs = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": "demo-encoder",
+            "namespace": "ns",
+            "uid": "theirs",
+            "labels": {c.LABEL_DEPLOYMENT: "demo-x", c.LABEL_MANAGED_BY: c.MANAGED_BY},
+            "ownerReferences": [
+                {"apiVersion": c.API_VERSION, "kind": c.KIND, "name": "other", "uid": "u-9", "controller": True}
+            ],
+        },
+        "spec": {"replicas": 5},
+    }
+    api.objects[path] = {**theirs, "_content": ""}
+
+    async def scenario() -> None:
+        await rt.reconcile(body())
+        assert api.objects[path]["spec"] == {"replicas": 5}, "theirs, untouched"
+        assert [m for m, p in api.writes()] == ["PATCH"] and api.writes()[0][1].endswith("/status")
+        ready = ready_condition(api)
+        assert (ready.status, ready.reason) == ("False", "NameConflict")
+        assert "Deployment demo-encoder belongs to EPDDeployment other" in ready.message
+        assert [e for e in events if e[0] == "warn"] == [("warn", "NameConflict")]
+        del api.objects[path]
+        await rt.child_event("DELETED", "Deployment", theirs)
+        await asyncio.sleep(0.1)
+
+    asyncio.run(scenario())
+    assert api.objects[path]["metadata"]["labels"][c.LABEL_DEPLOYMENT] == "demo", "applied once the way was clear"
+    assert ready_condition(api).reason != "NameConflict"
+
+
+def test_a_restarted_operator_counts_every_stored_phase() -> None:
+    rt, _ = runtime(Api())
+    stored = {
+        "phase": "Ready",
+        "conditions": [
+            {"type": "Ready", "status": "True", "reason": "AllRolesReady", "lastTransitionTime": "2026-01-01T00:00:00Z"}
+        ],
+    }
+    for i in range(3):
+        rt.track({"metadata": {"name": f"d{i}", "namespace": "ns", "uid": f"u{i}"}, "status": stored})
+    rt.track({"metadata": {"name": "new", "namespace": "ns", "uid": "un"}})  # never written: not counted yet
+    value = rt.metrics.registry.get_sample_value
+    assert value("epd_operator_deployments", {"phase": "Ready"}) == 3
+    assert value("epd_operator_deployments", {"phase": "Pending"}) == 0
+
+
+def test_a_terminating_namespace_gets_no_repair_and_no_event() -> None:
+    api = Api()
+    rt, events = runtime(api)
+
+    async def scenario() -> None:
+        await rt.reconcile(body())
+        events.clear()
+        api.refuse = _kube.NamespaceTerminatingError("PATCH", "/x", 403, "Forbidden", "being terminated")
+        for name in ("demo-encoder", "demo-pd", "demo-proxy"):
+            gone = workload(api, name)
+            del api.objects[f"/apis/apps/v1/namespaces/ns/deployments/{name}"]
+            await rt.child_event("DELETED", "Deployment", gone)
+        await asyncio.sleep(_runtime.RETRY_REPAIR_S / 10)
+
+    asyncio.run(scenario())
+    assert events == []
+    assert rt.deployments == {} and rt._repairs == {}
+
+
+class RacingApi(Api):
+    """A controller writes each Deployment's status just before our apply reaches it."""
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        if method == "PATCH" and "/deployments/" in path and path in self.objects:
+            self.rv += 1
+            self.objects[path]["metadata"]["resourceVersion"] = str(self.rv)
+            self.objects[path]["status"] = {"observedGeneration": 1, "replicas": self.rv}
+        return await super().request(method, path, **kwargs)
+
+
+def test_a_no_op_reconcile_after_a_status_write_posts_no_applied_event() -> None:
+    api = RacingApi()
+    first, _ = runtime(api)
+    asyncio.run(first.reconcile(body()))
+    restarted, events = runtime(api)  # a fresh process sends every child once
+    asyncio.run(restarted.reconcile(body()))
+    assert ("info", "Applied") not in events
+    value = restarted.metrics.registry.get_sample_value
+    assert value("epd_operator_reconciles_total", {"outcome": "unchanged"}) == 1

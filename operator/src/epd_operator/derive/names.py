@@ -23,9 +23,32 @@ MAIN_POOL = "main"
 """Label value of the main prefill pool (additional pools use their own names, so this one is reserved)."""
 
 
+ROLES = (
+    c.ROLE_MASTER,
+    c.ROLE_STORE_CLIENT,
+    c.ROLE_ENCODER,
+    c.ROLE_PREFILL,
+    c.ROLE_DECODE,
+    c.ROLE_PD,
+    c.ROLE_PROXY,
+)
+ROLE_TOKENS = frozenset(role.split("-")[0] for role in ROLES)
+"""The first hyphen-separated token of every role name: every child's name is "<name>-<role>..." (see Names)."""
+
+
 @dataclass(frozen=True)
 class Names:
-    """Names of one EPDDeployment's children."""
+    """Names of one EPDDeployment's children, all "<name>-<suffix>", and why two deployments never share one.
+
+    The suffixes: "<role>" (workload, Service, PDB, NetworkPolicy, and the proxy's ServiceAccount, Role and
+    RoleBinding), "prefill-<pool>" (an additional prefill pool's workload, Service and PDB), and either with
+    "-bundle" (the ConfigMap). "a-<s>" = "b-<t>" with a != b means one suffix is "<w>-<the other>": a
+    hyphen-tail of some suffix would itself be a suffix. Every suffix starts with a role token (ROLE_TOKENS);
+    the tails start with a pool name, "client" (of store-client) or "bundle", and the CRD keeps pool names to
+    one hyphen-free token that is none of the role tokens (nor bundle, main, client). So no tail is a suffix,
+    and a child's name tells its deployment's name. tests/unit/operator/test_names.py checks the tails on
+    every rendered child; apply.conflicts still refuses to apply over another deployment's object.
+    """
 
     deployment: str
     namespace: str

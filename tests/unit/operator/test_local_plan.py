@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from epd_connectors.config.bundle import POD_IP_PLACEHOLDER, Role
+from epd_connectors.config.bundle import POD_IP_PLACEHOLDER, Role, parse_bundle
 from epd_connectors.config.ec_transfer import ECExampleConnectorConfig, ECMooncakeConsumer, ECMooncakeProducer
 from epd_connectors.launch.plan import plan_launch
 from epd_operator.api.resource import OperatorDefaults
@@ -269,7 +269,7 @@ def test_a_cluster_store_keeps_mooncakes_all_interfaces_defaults() -> None:
     """In a pod, probes and peers come to the pod's IP: the cluster rendering sets no bind address."""
     owner, spec = local_plan.load_manifest(OFFLOAD)
     desired = render_desired(owner, spec, OperatorDefaults(), CLUSTER)
-    bundles = [local_plan.parse_bundle(o["data"]["bundle.json"]) for o in desired.objects if o["kind"] == "ConfigMap"]
+    bundles = [parse_bundle(o["data"]["bundle.json"]) for o in desired.objects if o["kind"] == "ConfigMap"]
     master = next(b.master for b in bundles if b.master is not None)
     client = next(b.store_client for b in bundles if b.store_client is not None)
     assert "--rpc_address=0.0.0.0" in master.argv() and not any("metrics_host" in a for a in master.argv())

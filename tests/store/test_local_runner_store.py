@@ -16,6 +16,7 @@ from epd_connectors import store_probe
 from epd_connectors.config.bundle import Role
 from epd_operator.local import processes, profile
 from epd_operator.local.plan import POD_IP
+from tests.sockets import group_pids, tcp_listeners
 
 pytestmark = pytest.mark.store
 
@@ -45,8 +46,33 @@ def test_the_runner_starts_the_store_roles_and_the_store_answers(tmp_path: Path)
         finally:
             store.close()
         assert result.size == 4096
+        assert_store_listens_on_loopback(local)
     assert any(line.startswith("ready   ") and "store-client" in line for line in lines)
     assert any(line.startswith("stopped 2 processes") for line in lines)
+
+
+TRANSFER_ENGINE_LISTENERS = 2
+"""The store client's transfer engine listens on every interface for its handshake and its TCP data port,
+whatever --host says (Mooncake 0.3.13 has no flag or variable for either; shared/docs/facts.md)."""
+OFFLOAD_RPC_LISTENERS = 1
+"""With offload, also its disk-tier RPC server (--start_offload_rpc_server, which requesters read offloaded
+objects through; no address flag either), on an ephemeral port."""
+
+
+def assert_store_listens_on_loopback(local: processes.LocalDeployment) -> None:
+    """The master listens on loopback only; the store client too, except the ports Mooncake binds on every
+    interface with no flag to change it (its transfer engine's, its offload RPC's), which no plan names."""
+    for run in local.running:
+        listeners = tcp_listeners(group_pids(run.popen.pid))
+        planned = set(run.instance.ports.values())
+        assert listeners, f"{run.name}: no listening socket found"
+        wide = [lst for lst in listeners if lst.address != POD_IP]
+        assert all(lst.port not in planned for lst in wide), f"{run.name}: a planned port off loopback: {wide}"
+        assert all(lst.all_interfaces for lst in wide), f"{run.name}: {wide}"
+        client = run.instance.bundle.store_client
+        limit = 0 if client is None else TRANSFER_ENGINE_LISTENERS + OFFLOAD_RPC_LISTENERS * client.enable_offload
+        assert len(wide) <= limit, f"{run.name} listens on every interface: {wide}"
+        assert any(lst.address == POD_IP and lst.port in planned for lst in listeners), run.name
 
 
 def test_after_a_master_restart_the_client_remounts_and_the_store_serves_again_without_its_old_keys(

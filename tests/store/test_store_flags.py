@@ -39,6 +39,7 @@ def rendered_flags(argv: list[str]) -> set[str]:
 def test_every_rendered_master_flag_exists() -> None:
     config = MasterConfig(
         rpc_address="10.0.0.5",
+        metrics_host="10.0.0.5",
         enable_http_metadata_server=True,
         enable_multi_tenants=True,
         tenant_quota_policy=TenantQuotaPolicy(),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from epd_connectors.config.bundle import POD_IP_PLACEHOLDER, Role
+from epd_connectors.config.bundle import POD_IP_PLACEHOLDER, Role, parse_bundle
 from epd_connectors.config.ec_transfer import ECExampleConnectorConfig, ECMooncakeConsumer, ECMooncakeProducer
 from epd_connectors.launch.plan import plan_launch
 from epd_operator.api.resource import OperatorDefaults
@@ -225,3 +225,52 @@ def test_the_cpu_profile_caps_the_ec_buffer_and_render_carries_it_to_both_ends()
         if isinstance(i.bundle.ec_transfer, ECMooncakeConsumer | ECMooncakeProducer)
     }
     assert sizes == {Role.ENCODER: 64 * 1024**2, Role.PREFILL: 64 * 1024**2}, sizes
+
+
+def test_each_local_vllm_instance_keeps_its_ipc_sockets_in_a_folder_of_its_own() -> None:
+    """MooncakeStoreConnector's lookup socket is <VLLM_RPC_BASE_PATH>/lookup_rpc_port_0_host_<host>_dp_rank0 in
+    both vLLM versions: the prefill's and the decode's would be one path on one host without their own base."""
+    plan = _plan(ROOT / "examples" / "local-e-p-d.yaml")
+    vllm = [i for i in plan.instances if i.bundle.vllm is not None]
+    assert sorted(i.role.value for i in vllm) == ["decode", "encoder", "prefill"]
+    dirs = [i.rpc_dir for i in vllm]
+    assert None not in dirs and len(set(dirs)) == len(dirs)
+    assert all(str(d).startswith(f"{WORK}/work/") for d in dirs)
+    assert all(i.rpc_dir is None for i in plan.instances if i.bundle.vllm is None)
+    longest = max(len(f"{d}/lookup_rpc_port_0_host_{'h' * 32}_dp_rank0") for d in dirs)
+    assert longest <= 107, "a unix socket path holds at most 107 bytes"
+
+
+def test_the_local_store_listens_on_loopback_only() -> None:
+    """The master's RPC and metrics/admin servers bind the site's loopback; the store client's RPC port does,
+    and its HTTP server (mooncake_client has no flag for that server's address) is off locally."""
+    plan = _plan(OFFLOAD)
+    roles = _by_role(plan)
+    master = roles[Role.MASTER][0].bundle.master
+    client = roles[Role.STORE_CLIENT][0]
+    assert master is not None and client.bundle.store_client is not None
+    argv = master.argv()
+    assert f"--rpc_address={LOOPBACK}" in argv and f"--metrics_host={LOOPBACK}" in argv
+    client_argv = client.bundle.store_client.argv()
+    assert f"--host={LOOPBACK}" in client_argv and "--enable_http_server=false" in client_argv
+    owner, spec = local_plan.load_manifest(OFFLOAD)
+    assert spec.store is not None
+    store = spec.store.model_copy(
+        update={"master": spec.store.master.model_copy(update={"http_metadata_server": True})}
+    )
+    spec = spec.model_copy(update={"store": store})
+    paths = local_plan.local_paths(WORK, MODEL)
+    with_metadata = local_plan.plan_local(owner, spec, paths=paths, profile=profile.CPU, base_port=30000)
+    metadata_master = _by_role(with_metadata)[Role.MASTER][0].bundle.master
+    assert metadata_master is not None and f"--http_metadata_server_host={LOOPBACK}" in metadata_master.argv()
+
+
+def test_a_cluster_store_keeps_mooncakes_all_interfaces_defaults() -> None:
+    """In a pod, probes and peers come to the pod's IP: the cluster rendering sets no bind address."""
+    owner, spec = local_plan.load_manifest(OFFLOAD)
+    desired = render_desired(owner, spec, OperatorDefaults(), CLUSTER)
+    bundles = [parse_bundle(o["data"]["bundle.json"]) for o in desired.objects if o["kind"] == "ConfigMap"]
+    master = next(b.master for b in bundles if b.master is not None)
+    client = next(b.store_client for b in bundles if b.store_client is not None)
+    assert "--rpc_address=0.0.0.0" in master.argv() and not any("metrics_host" in a for a in master.argv())
+    assert client.enable_http_server

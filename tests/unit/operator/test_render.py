@@ -287,14 +287,98 @@ def test_proxy_peers_are_service_names_and_no_consumer_addresses() -> None:
     assert proxy.peers.ec_consumers == [] and proxy.peers.master_health_url is None
 
 
-def test_network_policies_admit_only_the_deployment_to_the_store() -> None:
-    objects = by_key(render(example(CROSS)))
-    for role in (c.ROLE_MASTER, c.ROLE_STORE_CLIENT):
-        policy = objects[("NetworkPolicy", f"demo-{role}")]["spec"]
-        assert policy["podSelector"]["matchLabels"] == {c.LABEL_DEPLOYMENT: "demo", c.LABEL_ROLE: role}
-        private, scrape = policy["ingress"]
-        assert private["from"] == [{"podSelector": {"matchLabels": {c.LABEL_DEPLOYMENT: "demo"}}}]
-        assert scrape == {"from": [{"podSelector": {}}], "ports": [{"port": "metrics", "protocol": "TCP"}]}
+def policies(desired: Desired) -> dict[str, dict[str, Any]]:
+    """Each NetworkPolicy's spec by the role it selects."""
+    found = {}
+    for o in desired.objects:
+        if o["kind"] == "NetworkPolicy":
+            selector = o["spec"]["podSelector"]["matchLabels"]
+            assert selector[c.LABEL_DEPLOYMENT] == "demo" and o["spec"]["policyTypes"] == ["Ingress"]
+            found[selector[c.LABEL_ROLE]] = o["spec"]
+    return found
+
+
+def admitted(policy: dict[str, Any], role: str, port: str) -> bool:
+    """Whether a pod of this deployment with `role` may reach `port` (a container port name) under `policy`."""
+    for rule in policy["ingress"]:
+        names = [p["port"] for p in rule.get("ports", [])]
+        if names and port not in names:
+            continue
+        if "from" not in rule:
+            return True
+        for peer in rule["from"]:
+            selector = peer["podSelector"]
+            if selector.get("matchLabels") != {c.LABEL_DEPLOYMENT: "demo"} or "namespaceSelector" in peer:
+                continue
+            if all(e["operator"] == "In" and role in e["values"] for e in selector.get("matchExpressions", [])):
+                return True
+    return False
+
+
+def from_anywhere(policy: dict[str, Any], port: str) -> bool:
+    """Whether any pod (of any namespace, any deployment) may reach `port`: a rule without `from`, or with an
+    empty pod selector."""
+    for rule in policy["ingress"]:
+        names = [p["port"] for p in rule.get("ports", [])]
+        if names and port not in names:
+            continue
+        if "from" not in rule or any(peer.get("podSelector") == {} for peer in rule["from"]):
+            return True
+    return False
+
+
+ALL_ROLES = (c.ROLE_MASTER, c.ROLE_STORE_CLIENT, "encoder", "prefill", "decode", "pd", "proxy")
+TRANSFER_PORT = "any-run-time-port"
+"""Stands for the ports Mooncake's transfer engine picks at run time (no container port names them)."""
+
+
+def test_standalone_store_ports_admit_only_the_store_users() -> None:
+    """e-p-d-store-offload: prefill and decode use the store; its encoders hand over P2P (no cross-encoder
+    reuse) and the proxy never talks to the store. With cross-encoder reuse the encoders are store users."""
+    found = policies(render(example(OFFLOAD)))
+    assert set(found) == {c.ROLE_MASTER, c.ROLE_STORE_CLIENT}, "standalone vLLM pods hold no segment"
+    users = {c.ROLE_STORE_CLIENT, "prefill", "decode"}
+    for port in ("rpc", "metrics"):
+        assert not from_anywhere(found[c.ROLE_MASTER], port), port
+        for role in ALL_ROLES:
+            assert admitted(found[c.ROLE_MASTER], role, port) == (role in users), (role, port)
+    for port in ("rpc", "metrics", TRANSFER_PORT):
+        assert not from_anywhere(found[c.ROLE_STORE_CLIENT], port), port
+        for role in ALL_ROLES:
+            assert admitted(found[c.ROLE_STORE_CLIENT], role, port) == (role in users), (role, port)
+    cross = policies(render(example(CROSS)))
+    for role in ALL_ROLES:
+        expected = role in {c.ROLE_STORE_CLIENT, "encoder", "pd"}
+        assert admitted(cross[c.ROLE_MASTER], role, "metrics") == expected, role
+        assert admitted(cross[c.ROLE_STORE_CLIENT], role, TRANSFER_PORT) == expected, role
+
+
+def test_the_master_admits_its_metadata_port_from_store_users_when_it_serves_one() -> None:
+    spec = example(OFFLOAD)
+    spec["store"]["master"] = {**spec["store"].get("master", {}), "httpMetadataServer": True}
+    master = policies(render(spec))[c.ROLE_MASTER]
+    assert admitted(master, "prefill", "metadata") and not admitted(master, "proxy", "metadata")
+    assert not from_anywhere(master, "metadata")
+
+
+def test_embedded_segment_holders_get_a_policy_that_admits_store_peers_and_keeps_the_api_open() -> None:
+    """Embedded mode: every store-using vLLM pod holds a segment, which store peers read over run-time ports;
+    the encoders (P2P EC hand-over) hold none and get no policy."""
+    spec = example(OFFLOAD)
+    spec["store"] = {"mode": "embedded", "protocol": "tcp", "embeddedSegmentSize": "1GiB"}
+    found = policies(render(spec))
+    holders = {"prefill", "decode"}
+    assert set(found) == {c.ROLE_MASTER} | holders
+    peers = {"encoder", "prefill", "decode", "pd"}
+    for holder in holders:
+        policy = found[holder]
+        for role in ALL_ROLES:
+            assert admitted(policy, role, TRANSFER_PORT) == (role in peers), (holder, role)
+            assert admitted(policy, role, "kv-bootstrap") == (role in peers | {"proxy"}), (holder, role)
+        assert not from_anywhere(policy, TRANSFER_PORT) and not from_anywhere(policy, "kv-bootstrap")
+        assert from_anywhere(policy, "http"), "the API and vLLM's /metrics stay reachable, as without a policy"
+    for role in ALL_ROLES:
+        assert admitted(found[c.ROLE_MASTER], role, "rpc") == (role in holders), role
 
 
 @pytest.mark.parametrize("connector", ["mooncake", "mooncake-store", "mooncake+store", "shared-storage"])

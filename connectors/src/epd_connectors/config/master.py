@@ -188,6 +188,10 @@ class MasterConfig(base.ConfigModel):
     metrics_port: int = DEFAULT_METRICS_PORT
     """HTTP port of /metrics (Prometheus) and /health (the readiness check); 9003 is Mooncake's default."""
 
+    metrics_host: str | None = None
+    """Address the metrics/admin server (and the HTTP metadata server) binds to; None keeps Mooncake's default,
+    all interfaces, as a pod needs (probes and peers come to its IP). A single-host site gives its loopback."""
+
     enable_http_metadata_server: StrictBool = False
     """Serve transfer-engine metadata at http://HOST:PORT/metadata; off by default because P2PHANDSHAKE
     needs no metadata service."""
@@ -234,6 +238,11 @@ class MasterConfig(base.ConfigModel):
     @classmethod
     def _check_rpc_address(cls, value: str) -> str:
         return mc.check_host("rpc_address", value)
+
+    @field_validator("metrics_host")
+    @classmethod
+    def _check_metrics_host(cls, value: str | None) -> str | None:
+        return None if value is None else mc.check_host("metrics_host", value)
 
     @field_validator("eviction_high_watermark_ratio", "eviction_ratio")
     @classmethod
@@ -307,8 +316,12 @@ class MasterConfig(base.ConfigModel):
             f"--metrics_port={self.metrics_port}",
             f"--enable_http_metadata_server={mc.gflag(self.enable_http_metadata_server)}",
         ]
+        if self.metrics_host is not None:
+            args.append(f"--metrics_host={self.metrics_host}")
         if self.enable_http_metadata_server:
             args.append(f"--http_metadata_server_port={self.http_metadata_server_port}")
+            if self.metrics_host is not None:
+                args.append(f"--http_metadata_server_host={self.metrics_host}")
         args.append(f"--enable_multi_tenants={mc.gflag(self.enable_multi_tenants)}")
         if self.enable_multi_tenants:
             args += [

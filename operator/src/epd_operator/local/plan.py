@@ -60,6 +60,8 @@ class Instance:
     ready: Readiness
     ports: dict[str, int] = field(default_factory=dict)
     """Port name -> port, from the site's plan."""
+    rpc_dir: str | None = None
+    """A vLLM role's own VLLM_RPC_BASE_PATH (see `rpc_dir`); None for the other roles."""
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,8 @@ def plan_local(
         text = configmaps[names.bundle_configmap(workload.name)]["data"][c.BUNDLE_FILE]
         bundle = parse_bundle(text, source=workload.name)
         own = {name: port for (unit, name), port in network.assigned.items() if unit == workload.name}
-        instances.append(Instance(workload.name, bundle.role, bundle, text, readiness(bundle), own))
+        rpc = rpc_dir(paths, bundle.vllm.port) if bundle.vllm is not None else None
+        instances.append(Instance(workload.name, bundle.role, bundle, text, readiness(bundle), own, rpc))
     if problems:
         raise LocalPlanError(problems)
     return LocalPlan(
@@ -143,6 +146,17 @@ def plan_local(
         profile_changes=changes,
         paths=paths,
     )
+
+
+def rpc_dir(paths: Paths, http_port: int) -> str:
+    """The folder a vLLM instance keeps its ipc sockets in (VLLM_RPC_BASE_PATH), its own on this host.
+
+    MooncakeStoreConnector's lookup server binds ipc://<VLLM_RPC_BASE_PATH, default the temp dir>/lookup_rpc_
+    port_<lookup_rpc_port>_host_<hostname>_dp_rank<r> (store/worker.py, vLLM 0.32 and 0.33), unlinking what is
+    there first: with one base path, a prefill and a decode of one host share a path and the second to start
+    takes the first one's lookups over (and stopping either deletes the other's socket). Named after the
+    instance's HTTP port, unique on the host, to stay short: a unix socket path holds at most 107 bytes."""
+    return f"{paths.work_dir}/rpc-{http_port}"
 
 
 def readiness(bundle: RoleBundle) -> Readiness:

@@ -44,6 +44,8 @@ FATAL_SETTLE_S: Final = 2.0
 PORT_RANGE: Final = (20000, 32000)
 """Where an address plan starts (below Linux's ephemeral ports, so the kernel's own picks never collide)."""
 PLAN_ATTEMPTS: Final = 20
+RPC_BASE_PATH_ENV: Final = "VLLM_RPC_BASE_PATH"
+"""Where vLLM creates its ipc sockets (vllm/envs.py; the temp dir by default)."""
 
 
 class StartError(RuntimeError):
@@ -195,6 +197,9 @@ class LocalDeployment:
             "VLLM_CACHE_ROOT": str(folder / "vllm-cache"),
             "PYTHONUNBUFFERED": "1",
         }
+        if instance.rpc_dir is not None:  # its own ipc sockets (plan.rpc_dir)
+            Path(instance.rpc_dir).mkdir(parents=True, exist_ok=True)
+            env[RPC_BASE_PATH_ENV] = instance.rpc_dir
         argv = [str(self.python), "-m", LAUNCH_MODULE, instance.role.value]
         argv += ["--bundle", str(bundle_path), "--workdir", str(folder / "launch")]
         # A restarted instance keeps writing the same log, as `kubectl logs --previous` keeps the last life.

@@ -41,7 +41,11 @@ def master_config(ctx: Context) -> MasterConfig:
         policy = TenantQuotaPolicy(tenants=(TenantQuota(name=ctx.tenant_id, quota=quota),))
     workload = ctx.names.workload(c.ROLE_MASTER)
     policy_file = f"{ctx.site.paths.work_dir}/{TENANT_POLICY_NAME}"
+    # A site that binds one address (the local runner's loopback) gets every listener of the master on it;
+    # a cluster keeps Mooncake's all-interfaces default (probes and peers come to the pod's IP).
+    bind = ctx.site.network.bind_host
     return MasterConfig(
+        **({"rpc_address": bind, "metrics_host": bind} if bind is not None else {}),
         rpc_port=ctx.port(workload, ports.RPC, master.rpc_port),
         metrics_port=ctx.port(workload, ports.METRICS, master.metrics_port),
         enable_http_metadata_server=master.http_metadata_server,
@@ -78,8 +82,16 @@ def store_client_config(ctx: Context, master: MasterConfig) -> StoreClientConfig
         tenant_id=ctx.tenant_id,
         enable_offload=offload,
         offload_path=ctx.site.paths.offload_dir if offload else "",
-        enable_http_server=True,  # metrics for scraping; the probes use the RPC port
-        http_port=ctx.port(workload, ports.METRICS, ports.STORE_CLIENT_METRICS_PORT),
+        # Metrics for scraping (the probes use the RPC port). mooncake_client has no flag for its HTTP server's
+        # address (it binds every interface), so a site that binds one address (loopback) runs it without.
+        **(
+            {
+                "enable_http_server": True,
+                "http_port": ctx.port(workload, ports.METRICS, ports.STORE_CLIENT_METRICS_PORT),
+            }
+            if ctx.site.network.bind_host is None
+            else {}
+        ),
     )
 
 

@@ -75,7 +75,7 @@ def render_desired(owner: Owner, spec: EPDDeploymentSpec, defaults: OperatorDefa
     rendered = [objects.render_bundle_configmap(ctx, u, jsons[u.name]) for u in all_units]
     rendered += [_service(ctx, u) for u in all_units]
     if spec.store is not None:
-        rendered += store.render_store_network_policies(ctx, spec.store)
+        rendered += store.render_store_network_policies(ctx, spec.store, bundles)
     rendered += [objects.render_pdb(ctx, u) for u in all_units if _has_pdb(ctx, u)]
     rendered += [o for u in all_units if u.role == c.ROLE_PROXY for o in proxy.render_proxy_rbac(ctx, u)]
     workloads = [_workload(ctx, u, jsons[u.name]) for u in all_units]

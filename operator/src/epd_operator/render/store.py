@@ -1,11 +1,14 @@
 """The Mooncake store's objects: the master (Deployment + Service), the store clients (StatefulSet or
-DaemonSet + headless Service), and the NetworkPolicies that keep other tenants' pods away from both.
+DaemonSet + headless Service), and the NetworkPolicies that keep other pods away from the store's ports (the
+master's, the store clients', and in embedded mode the segment-holding vLLM pods').
 """
 
 from __future__ import annotations
 
 from typing import Any, Final
 
+from epd_connectors.config.bundle import RoleBundle
+from epd_connectors.config.mooncake import StoreMode
 from epd_operator.api import constants as c
 from epd_operator.api.spec import StoreSpec
 from epd_operator.derive import ports, quantity
@@ -123,8 +126,21 @@ def render_store_client_service(ctx: Context, unit: Unit, store: StoreSpec) -> d
     return objects.render_service(ctx, unit, ports.store_client_ports(store.clients), headless=True)
 
 
-def _peer(ctx: Context) -> dict[str, Any]:
-    return {"podSelector": {"matchLabels": {c.LABEL_DEPLOYMENT: ctx.owner.name}}}
+VLLM_ROLES: Final = (c.ROLE_ENCODER, c.ROLE_PREFILL, c.ROLE_DECODE, c.ROLE_PD)
+
+
+def _pods(ctx: Context, roles: list[str]) -> dict[str, Any]:
+    """This deployment's pods of `roles` (a peer of an ingress rule)."""
+    return {
+        "podSelector": {
+            "matchLabels": {c.LABEL_DEPLOYMENT: ctx.owner.name},
+            "matchExpressions": [{"key": c.LABEL_ROLE, "operator": "In", "values": sorted(roles)}],
+        }
+    }
+
+
+def _named(*names: str) -> list[dict[str, Any]]:
+    return [{"port": name, "protocol": "TCP"} for name in names]
 
 
 def _policy(ctx: Context, role: str, ingress: list[dict[str, Any]]) -> dict[str, Any]:
@@ -140,13 +156,48 @@ def _policy(ctx: Context, role: str, ingress: list[dict[str, Any]]) -> dict[str,
     }
 
 
-def render_store_network_policies(ctx: Context, store: StoreSpec) -> list[dict[str, Any]]:
-    """Only this deployment's pods reach the master and the store clients; anything in the namespace may
-    scrape their metrics port. The store clients admit every port from the deployment's pods, because the
-    transfer engine moves data over ports it picks at run time."""
-    metrics_from_namespace = {"from": [{"podSelector": {}}], "ports": [{"port": ports.METRICS, "protocol": "TCP"}]}
-    master_ports = [{"port": name, "protocol": "TCP"} for name in ports.master_ports(store.master)]
-    policies = [_policy(ctx, c.ROLE_MASTER, [{"from": [_peer(ctx)], "ports": master_ports}, metrics_from_namespace])]
+def store_user_roles(bundles: dict[str, RoleBundle]) -> list[str]:
+    """The roles whose pods talk to the store: every role given a Mooncake JSON, and the store clients."""
+    roles = {b.role.value for b in bundles.values() if b.mooncake is not None or b.store_client is not None}
+    return sorted(roles)
+
+
+def segment_holder_roles(bundles: dict[str, RoleBundle]) -> list[str]:
+    """The vLLM roles whose pods hold part of the pool (embedded mode: each rank contributes a segment)."""
+    roles = {
+        b.role.value
+        for b in bundles.values()
+        if b.mooncake is not None and b.mooncake.mode is StoreMode.EMBEDDED and b.mooncake.global_segment_size > 0
+    }
+    return sorted(roles)
+
+
+def render_store_network_policies(
+    ctx: Context, store: StoreSpec, bundles: dict[str, RoleBundle]
+) -> list[dict[str, Any]]:
+    """Ingress to every pod that holds store data or metadata, from the deployment's store users only.
+
+    - The master: its RPC (and metadata) port and its metrics port, which is also its health and admin
+      server (store users wait on /health and read /metrics for the mounted capacity; the admin API can
+      change quotas), from the store users.
+    - Standalone store clients: every port from the store users (the transfer engine moves data over ports it
+      picks at run time, so the metrics port cannot be singled out).
+    - Embedded segment holders (vLLM pods): every port from the deployment's vLLM roles (store peers read
+      segments; EC and KV peers hand over), the proxy on kv-bootstrap (it asks the prefill's bootstrap server
+      for the engine id), and http from anywhere (the API and vLLM's /metrics, what the role's Service
+      serves), as before any policy selected these pods.
+    No scraper is admitted to the store's metrics ports: nothing in the spec or the operator's settings names
+    a monitoring peer yet. Kubelet probes come from the node, which policies do not filter."""
+    users = store_user_roles(bundles)
+    master_ports = _named(*ports.master_ports(store.master))
+    policies = [_policy(ctx, c.ROLE_MASTER, [{"from": [_pods(ctx, users)], "ports": master_ports}])]
     if store.mode == "standalone":
-        policies.append(_policy(ctx, c.ROLE_STORE_CLIENT, [{"from": [_peer(ctx)]}, metrics_from_namespace]))
+        policies.append(_policy(ctx, c.ROLE_STORE_CLIENT, [{"from": [_pods(ctx, users)]}]))
+    for role in segment_holder_roles(bundles):  # embedded mode only, so there are no store clients
+        ingress = [
+            {"from": [_pods(ctx, list(VLLM_ROLES))]},
+            {"from": [_pods(ctx, [c.ROLE_PROXY])], "ports": _named(ports.BOOTSTRAP)},
+            {"ports": _named(ports.HTTP)},
+        ]
+        policies.append(_policy(ctx, role, ingress))
     return policies

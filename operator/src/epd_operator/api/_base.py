@@ -273,7 +273,9 @@ EnvMap = Annotated[
 
 def _no_backsteps(path: str) -> str:
     if ".." in path.split("/"):
-        raise ValueError(f"{path!r} contains '..', which Kubernetes refuses in a volume path. Fix: give the path without it")
+        raise ValueError(
+            f"{path!r} contains '..', which Kubernetes refuses in a volume path. Fix: give the path without it"
+        )
     return path
 
 

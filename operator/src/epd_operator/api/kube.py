@@ -79,7 +79,9 @@ milli m). "4 GB" and "4GB" are not quantities."""
 QUANTITY_MAX_LENGTH: Final = 40
 """Kubernetes keeps at most 18 significant digits; a longer spelling is a typo."""
 STANDARD_RESOURCES: Final = ("cpu", "memory", "ephemeral-storage")
-EXTENDED_RESOURCE: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/" + _QUALIFIED_NAME_PART + "$"
+EXTENDED_RESOURCE: Final = (
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/" + _QUALIFIED_NAME_PART + "$"
+)
 """A device plugin's resource, e.g. nvidia.com/gpu: requested in whole units, requests equal to limits."""
 
 _QUANTITY_RE: Final = re.compile(QUANTITY)

@@ -15,6 +15,7 @@ STORE_CLIENT_OVERHEAD: Final = 1 * GI
 """Memory a store client needs beyond its segment and buffer: the process, the transfer engine's metadata and
 queues, and page tables for the pinned pool. Without it the pod is OOM-killed as the pool fills."""
 
+
 def memory_bytes(quantity: str | int) -> int | None:
     """Bytes of a memory quantity, rounded up (as the kubelet does); None when it is not a quantity (the API
     models refuse those, by Kubernetes' own grammar in api.kube)."""
@@ -38,3 +39,13 @@ def at_least(quantity: str | int | None, floor: int) -> str | int:
         if have is not None and have >= floor:
             return quantity
     return format_memory(floor)
+
+
+def default_requests(
+    requests: dict[str, str | int], defaults: dict[str, str | int], limits: dict[str, str | int]
+) -> dict[str, str | int]:
+    """The user's requests, or the operator's defaults without the resources the user limited: Kubernetes then
+    requests the limit, where a default above a lower limit would make the pod invalid."""
+    if requests:
+        return dict(requests)
+    return {name: value for name, value in defaults.items() if name not in limits}

@@ -9,6 +9,7 @@ judge: a child it refuses is a spec the CRD should not have admitted. No operato
 from __future__ import annotations
 
 import copy
+import subprocess
 import uuid
 from typing import Any
 
@@ -168,3 +169,38 @@ def test_an_admitted_spec_renders_children_the_api_server_accepts(
         return
     event("rendered, every child accepted" if not refused else "rendered, a child refused")
     assert refused == [], f"admitted {name!r} {spec} but the API server refuses its children: {refused}"
+
+
+def _kubectl_create(kubectl: Any, kubeconfig: Any, ns: str, name: str, spec: dict[str, Any]) -> Any:
+    body = {"apiVersion": "epd.serving.io/v1alpha1", "kind": "EPDDeployment", "metadata": {"name": name}, "spec": spec}
+    return subprocess.run(
+        [str(kubectl), "--kubeconfig", str(kubeconfig), "-n", ns, "create", "--dry-run=server", "-f", "-"],
+        input=yaml.safe_dump(body),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("name", ["n" * 40, "a.b"])
+def test_a_name_no_child_can_carry_is_refused_at_apply_with_the_one_limit(
+    kubectl: Any, kubeconfig: Any, admission_ns: str, name: str
+) -> None:
+    done = _kubectl_create(kubectl, kubeconfig, admission_ns, name, BASE)
+    assert done.returncode != 0
+    assert done.stderr.count("metadata.name: an EPDDeployment name is at most 39 characters") == 1, done.stderr
+
+
+def test_a_name_at_the_limit_is_accepted_and_renders(
+    kubectl: Any, kubeconfig: Any, kube: Kube, admission_ns: str
+) -> None:
+    done = _kubectl_create(kubectl, kubeconfig, admission_ns, LIMIT_NAME, BASE)
+    assert done.returncode == 0, done.stderr
+    assert _children_refused(kube, admission_ns, LIMIT_NAME, BASE) == []
+
+
+def test_ha_masters_are_refused_at_apply(kubectl: Any, kubeconfig: Any, admission_ns: str) -> None:
+    spec = copy.deepcopy(BASE)
+    _set(spec, "store.master.ha", {"backend": "k8s"})
+    done = _kubectl_create(kubectl, kubeconfig, admission_ns, "ha", spec)
+    assert done.returncode != 0 and "spec.store.master.ha" in done.stderr, done.stderr

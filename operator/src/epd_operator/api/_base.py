@@ -111,7 +111,10 @@ PositiveQuantity = Annotated[
 def _resource_problem(name: str, requests: dict[str, str | int], limits: dict[str, str | int]) -> str | None:
     """Why the API server would refuse this resource in a container, or None."""
     if name not in k.STANDARD_RESOURCES and (not re.match(k.EXTENDED_RESOURCE, name) or "kubernetes.io/" in name):
-        return f"{name!r} is not a container resource. Fix: use cpu, memory, ephemeral-storage or a device's name like nvidia.com/gpu"
+        return (
+            f"{name!r} is not a container resource. Fix: use cpu, memory, ephemeral-storage or a device's name "
+            "like nvidia.com/gpu"
+        )
     for where, given in (("requests", requests), ("limits", limits)):
         if name in given and quantity_value(given[name]) is None:
             return (
@@ -119,7 +122,10 @@ def _resource_problem(name: str, requests: dict[str, str | int], limits: dict[st
                 "'4Gi', '500m', '2' or '1e9' (no space, no 'B')"
             )
     if name in requests and name in limits and quantity_value(requests[name]) > quantity_value(limits[name]):  # type: ignore[operator]
-        return f"requests[{name}] = {requests[name]!r} is above limits[{name}] = {limits[name]!r}. Fix: request at most the limit"
+        return (
+            f"requests[{name}] = {requests[name]!r} is above limits[{name}] = {limits[name]!r}. "
+            "Fix: request at most the limit"
+        )
     if name not in k.STANDARD_RESOURCES:
         given = {**requests, **limits}
         if not re.match(r"^[0-9]+$", str(given[name])):

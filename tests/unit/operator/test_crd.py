@@ -5,9 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
+from epd_operator.api import kube
 from epd_operator.api.__main__ import crd_yaml
 from epd_operator.api.crd import render_crd
+from epd_operator.api.resource import OperatorDefaults, Owner, parse_spec
+from epd_operator.derive.names import SERVICE_NAME_MAX, STATEFULSET_NAME_MAX
+from epd_operator.render import render_desired
 
 pytestmark = pytest.mark.unit
 
@@ -65,3 +70,31 @@ def test_names_columns_and_status_subresource() -> None:
         "Store",
         "Age",
     ]
+
+
+def test_the_name_limit_is_the_one_derive_names_needs() -> None:
+
+    assert (kube.SERVICE_NAME_MAX, kube.STATEFULSET_NAME_MAX) == (SERVICE_NAME_MAX, STATEFULSET_NAME_MAX)
+
+    spec = yaml.safe_load((CRD_FILE.parents[1] / "examples" / "e-p-d-store-offload.yaml").read_text())["spec"]
+    spec["prefill"]["additionalPools"][0]["name"] = "p" * kube.POOL_NAME_MAX
+    at_limit = Owner(name="n" * kube.NAME_MAX, namespace="serving", uid="u")
+    names = [o["metadata"]["name"] for o in render_desired(at_limit, parse_spec(spec), OperatorDefaults()).objects]
+    assert max(len(n) for n in names if not n.endswith("-bundle")) == SERVICE_NAME_MAX
+    with pytest.raises(ValueError, match=r"metadata\.name"):
+        render_desired(
+            Owner(name="n" * (kube.NAME_MAX + 1), namespace="serving", uid="u"), parse_spec(spec), OperatorDefaults()
+        )
+
+
+def test_the_crd_refuses_names_reserved_pools_and_ha() -> None:
+    schema = render_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert "size(self.metadata.name) <= 39" in schema["x-kubernetes-validations"][0]["rule"]
+    master = schema["properties"]["spec"]["properties"]["store"]["properties"]["master"]["properties"]
+    assert "ha" not in master
+    pool = schema["properties"]["spec"]["properties"]["prefill"]["properties"]["additionalPools"]
+    assert (
+        pool["x-kubernetes-list-type"] == "map" and pool["items"]["properties"]["name"]["pattern"] == "^[a-z][a-z0-9]*$"
+    )
+    sizes = schema["properties"]["spec"]["properties"]["store"]["properties"]["clients"]["properties"]["segmentSize"]
+    assert sizes["type"] == "string" and "byte size" in sizes["description"]

@@ -10,6 +10,8 @@ import copy
 from typing import Any
 
 from epd_operator.api import constants as c
+from epd_operator.api import kube as k
+from epd_operator.api._base import BYTE_SIZE_FORMAT, BYTE_SIZE_MARK, size_text
 from epd_operator.api.spec import EPDDeploymentSpec
 from epd_operator.api.status import EPDDeploymentStatus
 
@@ -34,6 +36,9 @@ def _convert(node: Any, defs: dict[str, Any]) -> Any:
         merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
         return _convert(merged, defs)
     out: dict[str, Any] = {}
+    if node.get(BYTE_SIZE_MARK):
+        node = {k: v for k, v in node.items() if k != BYTE_SIZE_MARK}
+        node["description"] = f"{node.get('description', '')} {BYTE_SIZE_FORMAT}".strip()
     for key, value in node.items():
         if key in _DROP:
             continue
@@ -51,6 +56,9 @@ def _convert(node: Any, defs: dict[str, Any]) -> Any:
             continue
         if key == "default":
             if value is None:
+                continue
+            if node.get("type") == "string" and isinstance(value, int) and not isinstance(value, bool):
+                out[key] = size_text(value)  # a byte size: an int in Python, its string spelling in the CRD
                 continue
             # Object defaults become {} so the API server applies the nested field defaults itself.
             out["default"] = {} if isinstance(value, dict) and node.get("type") == "object" else value
@@ -87,6 +95,16 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
+
+
+NAME_RULE: dict[str, str] = {
+    # CEL at the root sees metadata.name: a name no child can carry is refused at apply, with the one limit.
+    "rule": f"size(self.metadata.name) <= {k.NAME_MAX} && self.metadata.name.matches(r'{k.DNS_1035}')",
+    "message": f"metadata.name: an EPDDeployment name is at most {k.NAME_MAX} characters of lowercase letters, "
+    "digits and '-', starting with a letter and ending alphanumeric (no dots: it names Services, and its "
+    f"store-client StatefulSet '<name>-{c.ROLE_STORE_CLIENT}' may have at most {k.STATEFULSET_NAME_MAX}). "
+    "Fix: use a shorter name of that form",
+}
 
 
 def render_crd() -> dict[str, Any]:
@@ -126,6 +144,7 @@ def render_crd() -> dict[str, Any]:
                             "description": "An encoder-disaggregated (E/P/D) multimodal vLLM deployment "
                             "with a Mooncake store.",
                             "required": ["spec"],
+                            "x-kubernetes-validations": [NAME_RULE],
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},

@@ -7,11 +7,12 @@ sets the Valid condition and what validates examples and Helm values offline.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
-from epd_operator.api._base import ApiModel, PositiveQuantity, Quantity, Resources
+from epd_operator.api import kube as k
+from epd_operator.api._base import ApiModel, EnvMap, LabelMap, NodePath, PositiveQuantity, Quantity, Resources
 
 _ANY_SCALAR = WithJsonSchema({"x-kubernetes-preserve-unknown-fields": True})
 """A JSON scalar of any type (the CRD's structural schema has no union of types)."""
@@ -29,21 +30,21 @@ def _fail(field: str, value: object, problem: str, fix: str) -> ValueError:
 class PvcSource(ApiModel):
     """A PersistentVolumeClaim holding the weights (mounted read-only)."""
 
-    claim_name: str = Field(min_length=1)
+    claim_name: str = Field(min_length=1, max_length=253, pattern=k.DNS_1123_SUBDOMAIN)
     """Name of the claim in the EPDDeployment's namespace."""
 
 
 class HostPathSource(ApiModel):
     """A directory on every node (for pre-staged weights)."""
 
-    path: str = Field(min_length=1, pattern=r"^/")
+    path: NodePath
     """Absolute path on the node."""
 
 
 class ImageSource(ApiModel):
     """An OCI image holding the weights, mounted as an image volume (Kubernetes 1.33+)."""
 
-    reference: str = Field(min_length=1)
+    reference: str = Field(min_length=1, max_length=k.STRING_MAX, pattern=k.IMAGE)
     """Image reference, pinned by digest for reproducible prefixes."""
     pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     """When the kubelet pulls the image."""
@@ -77,25 +78,27 @@ class ModelSource(ApiModel):
 class ModelSpec(ApiModel):
     """The model every role serves; its identity decides the cache prefixes."""
 
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, max_length=k.STRING_MAX)
     """Model identity, e.g. Qwen/Qwen2-VL-7B-Instruct. Part of every derived cache prefix."""
-    revision: str = Field(default="main", min_length=1)
+    revision: str = Field(default="main", min_length=1, max_length=k.STRING_MAX)
     """Weights revision (commit, tag or digest). A new revision gives new cache prefixes, so stale embeddings
     and KV blocks are never reused."""
-    served_model_name: str | None = None
+    served_model_name: str | None = Field(default=None, min_length=1, max_length=k.STRING_MAX)
     """The name clients send in requests; defaults to name."""
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     """Weights and activation dtype; part of the cache identity."""
     source: ModelSource
     """Where the weights are."""
-    path: str = ""
+    path: str = Field(default="", max_length=k.STRING_MAX)
     """Directory of the weights inside the source (relative); vLLM loads /models/<path>."""
-    mm_processor_cache_gb: float = Field(default=4.0, ge=0, alias="mmProcessorCacheGB")
+    mm_processor_cache_gb: float = Field(default=4.0, ge=0, le=k.SIZE_MAX // 1024**3, alias="mmProcessorCacheGB")
     """GiB of vLLM's multimodal processor cache per instance; cross-encoder reuse needs it above 0."""
-    mm_processor_kwargs: dict[str, Annotated[str | int | float | bool, _ANY_SCALAR]] = {}
+    mm_processor_kwargs: dict[str, Annotated[str | int | float | bool, _ANY_SCALAR]] = Field(
+        default={}, max_length=k.MAP_MAX
+    )
     """vLLM --mm-processor-kwargs (e.g. max_pixels). They change encoder output, so they are part of the
     embedding cache identity."""
-    block_size: int | None = Field(default=None, ge=1)
+    block_size: int | None = Field(default=None, ge=1, le=k.INT32_MAX)
     """KV cache block size in tokens (vLLM --block-size) of every prefill, decode and PD instance; one value for
     all, since KV moves between them in blocks. vLLM's default when unset (the CPU build needs 32)."""
 
@@ -103,23 +106,12 @@ class ModelSpec(ApiModel):
 class Images(ApiModel):
     """Container images per component; unset ones come from the operator's defaults (Helm values)."""
 
-    vllm: str | None = None
+    vllm: str | None = Field(default=None, min_length=1, max_length=k.STRING_MAX, pattern=k.IMAGE)
     """Image for encoder, prefill and decode (vLLM + epd-connectors)."""
-    proxy: str | None = None
+    proxy: str | None = Field(default=None, min_length=1, max_length=k.STRING_MAX, pattern=k.IMAGE)
     """Image for the proxy (epd-connectors)."""
-    mooncake: str | None = None
+    mooncake: str | None = Field(default=None, min_length=1, max_length=k.STRING_MAX, pattern=k.IMAGE)
     """Image for the Mooncake master and store clients."""
-
-
-class HASpec(ApiModel):
-    """Leader election between several masters."""
-
-    backend: Literal["etcd", "redis", "k8s"]
-    """Where masters elect their leader."""
-    endpoints: list[str] = []
-    """Backend addresses (etcd or redis); unused for k8s (a Lease in this namespace)."""
-    replicas: int = Field(default=2, ge=2)
-    """Masters in the election."""
 
 
 class MasterSpec(ApiModel):
@@ -137,12 +129,22 @@ class MasterSpec(ApiModel):
     """Pool fill ratio at which eviction starts."""
     eviction_ratio: float = Field(default=0.05, ge=0, le=1)
     """Fraction evicted per round."""
-    ha: HASpec | None = None
-    """High availability; without it a master restart loses every key (clients reconnect in ~1 s)."""
     resources: Resources = Resources()
     """The master's resources (1 CPU and 2 GiB requested when empty)."""
-    node_selector: dict[str, str] = {}
+    node_selector: LabelMap = {}
     """Nodes for the master (e.g. CPU nodes: it holds no GPU memory)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_ha_yet(cls, data: Any) -> Any:
+        # Kept out of the CRD until HA masters are built (issue #16): the API server refuses the unknown field,
+        # and offline validation says why rather than "extra inputs are not permitted".
+        if isinstance(data, dict) and "ha" in data:
+            raise ValueError(
+                "spec.store.master.ha: HA masters are not supported yet (they need the pod IP as the master's "
+                "rpc_address). Fix: remove spec.store.master.ha (a single master restarts in seconds)"
+            )
+        return data
 
 
 class OffloadSpec(ApiModel):
@@ -152,7 +154,7 @@ class OffloadSpec(ApiModel):
     """Keep evicted objects on local disk (master, store clients and vLLM JSON are switched together)."""
     size_limit: PositiveQuantity = 100 * 1024**3
     """Disk space per store client."""
-    host_path: str | None = Field(default=None, pattern=r"^/")
+    host_path: NodePath | None = None
     """A node directory for the tier; an emptyDir of size_limit when unset."""
 
 
@@ -166,11 +168,11 @@ class StoreClientsSpec(ApiModel):
         ),
     )
 
-    replicas: int = Field(default=1, ge=0)
+    replicas: int = Field(default=1, ge=0, le=k.REPLICAS_MAX)
     """Number of store clients (a StatefulSet); ignored with perNode."""
     per_node: bool = False
     """One store client on every node matching nodeSelector (a DaemonSet)."""
-    node_selector: dict[str, str] = {}
+    node_selector: LabelMap = {}
     """Nodes for the store clients."""
     port: int = Field(default=50052, ge=1, le=65535)
     """The client's RPC port."""
@@ -212,7 +214,7 @@ class StoreSpec(ApiModel):
     contributes embeddedSegmentSize of its own memory."""
     protocol: Literal["rdma", "tcp"] = "rdma"
     """Transport for every store and transfer connection."""
-    device_name: str = ""
+    device_name: str = Field(default="", max_length=k.STRING_MAX)
     """RDMA devices (e.g. mlx5_0); empty lets Mooncake choose."""
     master: MasterSpec = MasterSpec()
     """The master."""
@@ -224,7 +226,7 @@ class StoreSpec(ApiModel):
     """Registered transfer buffer of each vLLM rank."""
     tenant: TenantSpec = TenantSpec()
     """Tenant and isolation."""
-    kv_cache_prefix: str | None = Field(default=None, pattern=r"^[^@\s]+$")
+    kv_cache_prefix: str | None = Field(default=None, max_length=k.STRING_MAX, pattern=r"^[^@\s]+$")
     """Override of the derived KV cache prefix (MooncakeStoreConnector cache_prefix)."""
 
     @model_validator(mode="after")
@@ -263,9 +265,9 @@ class CrossEncoderCacheSpec(ApiModel):
 
     enabled: bool = False
     """Turn reuse on."""
-    prefix: str | None = Field(default=None, pattern=r"^[^@\s]+$")
+    prefix: str | None = Field(default=None, max_length=k.STRING_MAX, pattern=r"^[^@\s]+$")
     """Override of the derived embedding cache prefix."""
-    max_pending_items: int = Field(default=32, gt=0)
+    max_pending_items: int = Field(default=32, gt=0, le=k.INT32_MAX)
     """Publishes in flight per encoder."""
     max_pending_bytes: PositiveQuantity = 2 * 1024**3
     """Bytes of publishes in flight per encoder."""
@@ -274,22 +276,22 @@ class CrossEncoderCacheSpec(ApiModel):
 
 
 class _RoleCommon(ApiModel):
-    replicas: int = Field(default=1, ge=0)
+    replicas: int = Field(default=1, ge=0, le=k.REPLICAS_MAX)
     """Instances of this role."""
     resources: Resources = Resources()
     """Container resources; the GPU count is set from the tensor parallel size."""
-    extra_args: list[str] = []
+    extra_args: list[Annotated[str, Field(max_length=k.STRING_MAX)]] = Field(default=[], max_length=k.MAP_MAX)
     """Further vLLM arguments (may not set a flag the operator owns)."""
-    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1, le=k.INT32_MAX)
     """vLLM --max-num-batched-tokens (the scheduler's token budget per step); vLLM's default when unset,
     effectively unlimited on encoders."""
     enforce_eager: bool | None = None
     """vLLM --enforce-eager (no CUDA graphs); vLLM's default when unset. Encoders always run eager."""
-    env: dict[str, str] = {}
+    env: EnvMap = {}
     """Extra environment variables."""
-    node_selector: dict[str, str] = {}
+    node_selector: LabelMap = {}
     """Nodes for this role."""
-    max_surge: int = Field(default=0, ge=0)
+    max_surge: int = Field(default=0, ge=0, le=k.REPLICAS_MAX)
     """Pods a rollout may add before it removes old ones. 0 (the default: GPUs are usually all allocated)
     replaces one pod at a time, so a role of one replica is down while its new pod loads; give spare GPUs and
     1 or more for a rollout that never lowers capacity."""
@@ -298,7 +300,7 @@ class _RoleCommon(ApiModel):
 class EncoderSpec(_RoleCommon):
     """Encoder instances: run only the multimodal encoder and hand embeddings to prefill/PD."""
 
-    tensor_parallel_size: int = Field(default=1, ge=1)
+    tensor_parallel_size: int = Field(default=1, ge=1, le=k.TENSOR_PARALLEL_MAX)
     """Must be 1 with the Mooncake EC connector."""
     connector: Literal["mooncake", "shared-storage"] = "mooncake"
     """ECMooncakeConnector (transfer engine, needs no shared disk) or ECExampleConnector (sharedStorage)."""
@@ -326,23 +328,50 @@ class PrefillKVSpec(ApiModel):
     """MooncakeStoreConnector: look up the store asynchronously."""
 
 
+_RESERVED = "[" + ", ".join(f"'{n}'" for n in k.RESERVED_POOL_NAMES) + "]"
+_POOL_NAME_FIX = (
+    f"one word of lowercase letters and digits starting with a letter, at most {k.POOL_NAME_MAX} characters, "
+    f"not one of {', '.join(k.RESERVED_POOL_NAMES)} (e.g. tp2)"
+)
+
+
 class PrefillPoolSpec(ApiModel):
     """One more prefill pool, with its own TP size."""
 
-    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,14}[a-z0-9])?$")
-    """Suffix of the pool's objects (<deployment>-prefill-<name>)."""
-    replicas: int = Field(default=1, ge=0)
+    model_config = _cel(
+        (f"!(self.name in {_RESERVED})", f"spec.prefill.additionalPools[].name: reserved. Fix: {_POOL_NAME_FIX}"),
+    )
+
+    name: str = Field(max_length=k.POOL_NAME_MAX, pattern=k.POOL_NAME)
+    """Suffix of the pool's objects (<deployment>-prefill-<name>): one word of lowercase letters and digits
+    starting with a letter, at most 15 characters, not a reserved word (master, store, encoder, prefill,
+    decode, pd, proxy, bundle, main, client)."""
+    replicas: int = Field(default=1, ge=0, le=k.REPLICAS_MAX)
     """Instances in this pool."""
-    tensor_parallel_size: int = Field(ge=1)
+    tensor_parallel_size: int = Field(ge=1, le=k.TENSOR_PARALLEL_MAX)
     """GPUs per instance of this pool."""
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, name: str) -> str:
+        if name in k.RESERVED_POOL_NAMES:
+            raise ValueError(f"{name!r} is reserved (a word of other child names). Fix: {_POOL_NAME_FIX}")
+        return name
 
 
 class PrefillSpec(_RoleCommon):
     """A prefill pool; omit it to run combined prefill+decode (PD) instances."""
 
-    tensor_parallel_size: int = Field(default=1, ge=1)
+    tensor_parallel_size: int = Field(default=1, ge=1, le=k.TENSOR_PARALLEL_MAX)
     """GPUs per prefill instance."""
-    additional_pools: list[PrefillPoolSpec] = []
+    additional_pools: Annotated[
+        list[PrefillPoolSpec],
+        # The API server refuses two pools of one name (a list keyed by name).
+        Field(
+            max_length=k.POOLS_MAX,
+            json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        ),
+    ] = []
     """More prefill pools with other TP sizes (mixed prefill TP); the store TP is the LCM of every pool's TP."""
     kv: PrefillKVSpec | None = None
     """The KV connector (required with a prefill pool)."""
@@ -368,7 +397,7 @@ class DecodeKVSpec(ApiModel):
 class DecodeSpec(_RoleCommon):
     """Decode instances (or combined PD instances when there is no prefill pool)."""
 
-    tensor_parallel_size: int = Field(default=1, ge=1)
+    tensor_parallel_size: int = Field(default=1, ge=1, le=k.TENSOR_PARALLEL_MAX)
     """GPUs per decode instance."""
     kv: DecodeKVSpec = DecodeKVSpec()
     """KV settings."""
@@ -393,7 +422,7 @@ class ProxyRoutingSpec(ApiModel):
 class ProxySpec(ApiModel):
     """The E/P/D request proxy."""
 
-    replicas: int = Field(default=1, ge=0)
+    replicas: int = Field(default=1, ge=0, le=k.REPLICAS_MAX)
     """Proxy instances."""
     service: ProxyServiceSpec = ProxyServiceSpec()
     """Its Service."""
@@ -401,7 +430,7 @@ class ProxySpec(ApiModel):
     """Routing switches."""
     resources: Resources = Resources()
     """The proxy's resources (1 CPU and 1 GiB requested when empty)."""
-    node_selector: dict[str, str] = {}
+    node_selector: LabelMap = {}
     """Nodes for the proxy (e.g. CPU nodes beside the GPU pool)."""
 
 

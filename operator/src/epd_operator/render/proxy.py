@@ -20,7 +20,7 @@ from epd_connectors.config.bundle import (
     RoleBundle,
 )
 from epd_operator.api import constants as c
-from epd_operator.derive import ports
+from epd_operator.derive import ports, quantity
 from epd_operator.render import meta, objects, transfer
 from epd_operator.render.context import Context, Unit
 from epd_operator.render.pod import PodParams, Probes, http_get, pod_template
@@ -134,7 +134,8 @@ def render_proxy_rbac(ctx: Context, unit: Unit) -> list[dict[str, Any]]:
 
 def render_proxy_deployment(ctx: Context, unit: Unit, bundle_json: str) -> dict[str, Any]:
     res = ctx.spec.proxy.resources
-    resources: dict[str, Any] = {"requests": dict(res.requests) or dict(PROXY_DEFAULT_REQUESTS)}
+    requests = quantity.default_requests(res.requests, dict(PROXY_DEFAULT_REQUESTS), res.limits)
+    resources: dict[str, Any] = {"requests": requests} if requests else {}
     if res.limits:
         resources["limits"] = dict(res.limits)
     params = PodParams(

@@ -69,13 +69,6 @@ def _p2p_tp_problems(ctx: Context, units: list[Unit]) -> list[str]:
 
 def _store_problems(store: StoreSpec) -> list[str]:
     found = ports.collisions(ports.master_ports(store.master), "spec.store.master ports")
-    if store.master.ha is not None:
-        # MasterConfig needs the pod's own IP as rpc_address under HA, and epd-launch does not substitute
-        # POD_IP for it yet; a master advertising a wrong address would strand every client after a failover.
-        found.append(
-            "spec.store.master.ha = set: HA masters need their pod IP as rpc_address, which epd-launch cannot fill "
-            "in yet. Fix: remove spec.store.master.ha (a single master restarts in seconds)"
-        )
     if store.mode == "standalone":
         found += ports.collisions(ports.store_client_ports(store.clients), "spec.store.clients.port")
     elif store.clients.offload.enabled:

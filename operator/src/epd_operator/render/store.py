@@ -50,7 +50,9 @@ def render_master_deployment(ctx: Context, unit: Unit, store: StoreSpec, bundle_
         bundle_json=bundle_json,
         ports=ports.master_ports(master),
         probes=probes,
-        resources=_resources(dict(res.requests) or dict(MASTER_DEFAULT_REQUESTS), dict(res.limits)),
+        resources=_resources(
+            quantity.default_requests(res.requests, dict(MASTER_DEFAULT_REQUESTS), res.limits), dict(res.limits)
+        ),
         node_selector=master.node_selector,
     )
     deployment = objects.render_deployment(ctx, unit, pod_template(ctx, params))

@@ -1,5 +1,5 @@
 """The rendered NetworkPolicies are accepted by the real API server as written, for every example and an
-embedded-store variant (the one layout that gives vLLM pods a policy).
+embedded-store variant (the one layout that gives vLLM pods a policy) and a variant admitting a scraper.
 
 Only admission and schema are tested here: the test cluster's simulated nodes (and the real node's bridge CNI)
 enforce no NetworkPolicy, so who can actually reach a port is asserted on the rendered objects in
@@ -32,6 +32,8 @@ def example_specs() -> list[tuple[str, dict[str, Any]]]:
             specs.append((path.stem, doc["spec"]))
     embedded = next(spec for name, spec in specs if name == "e-p-d-store-offload")
     specs.append(("embedded", {**embedded, "store": {"mode": "embedded", "embeddedSegmentSize": "1GiB"}}))
+    scraper = {"namespaceSelector": {"kubernetes.io/metadata.name": "monitoring"}, "podSelector": {"app": "prom"}}
+    specs.append(("scraped", {**embedded, "store": {**embedded["store"], "metricsFrom": [scraper]}}))
     return specs
 
 

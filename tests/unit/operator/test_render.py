@@ -307,7 +307,7 @@ def admitted(policy: dict[str, Any], role: str, port: str) -> bool:
         if "from" not in rule:
             return True
         for peer in rule["from"]:
-            selector = peer["podSelector"]
+            selector = peer.get("podSelector", {})
             if selector.get("matchLabels") != {c.LABEL_DEPLOYMENT: "demo"} or "namespaceSelector" in peer:
                 continue
             if all(e["operator"] == "In" and role in e["values"] for e in selector.get("matchExpressions", [])):
@@ -351,6 +351,28 @@ def test_standalone_store_ports_admit_only_the_store_users() -> None:
         expected = role in {c.ROLE_STORE_CLIENT, "encoder", "pd"}
         assert admitted(cross[c.ROLE_MASTER], role, "metrics") == expected, role
         assert admitted(cross[c.ROLE_STORE_CLIENT], role, TRANSFER_PORT) == expected, role
+
+
+def test_a_scraper_named_in_the_spec_reaches_only_the_store_metrics_ports() -> None:
+    spec = example(OFFLOAD)
+    scraper = {"namespaceSelector": {"kubernetes.io/metadata.name": "monitoring"}, "podSelector": {"app": "prom"}}
+    spec["store"]["metricsFrom"] = [scraper, {"podSelector": {"app": "agent"}}]
+    found = policies(render(spec))
+    peers = [{k: {"matchLabels": v} for k, v in scraper.items()}, {"podSelector": {"matchLabels": {"app": "agent"}}}]
+    for role in (c.ROLE_MASTER, c.ROLE_STORE_CLIENT):
+        scraping = [rule for rule in found[role]["ingress"] if rule["from"] == peers]
+        assert [rule["ports"] for rule in scraping] == [[{"port": "metrics", "protocol": "TCP"}]], role
+        assert not from_anywhere(found[role], "metrics") and not admitted(found[role], "proxy", "metrics"), role
+    assert all(rule["from"] != peers for rule in policies(render(example(OFFLOAD)))[c.ROLE_MASTER]["ingress"])
+
+
+def test_a_metrics_peer_must_select_something() -> None:
+    spec = example(OFFLOAD)
+    spec["store"]["metricsFrom"] = [{}]
+    with pytest.raises(
+        ValueError, match=r"spec\.store\.metricsFrom\[\] = \{\}: a peer needs namespaceSelector or podSelector"
+    ):
+        parse_spec(spec)
 
 
 def test_the_master_admits_its_metadata_port_from_store_users_when_it_serves_one() -> None:

@@ -137,7 +137,7 @@ class MasterSpec(ApiModel):
     @model_validator(mode="before")
     @classmethod
     def _no_ha_yet(cls, data: Any) -> Any:
-        # Kept out of the CRD until HA masters are built (issue #16): the API server refuses the unknown field,
+        # Kept out of the CRD until HA masters are built: the API server refuses the unknown field,
         # and offline validation says why rather than "extra inputs are not permitted".
         if isinstance(data, dict) and "ha" in data:
             raise ValueError(
@@ -197,6 +197,33 @@ class TenantSpec(ApiModel):
     """The tenant's byte quota with isolation; the whole pool when unset."""
 
 
+class MetricsPeerSpec(ApiModel):
+    """Pods admitted to the store's metrics ports (a NetworkPolicy peer): those matching both selectors given."""
+
+    model_config = _cel(
+        (
+            "has(self.namespaceSelector) || has(self.podSelector)",
+            "spec.store.metricsFrom[]: a peer needs namespaceSelector or podSelector",
+        ),
+    )
+
+    namespace_selector: LabelMap | None = None
+    """Labels of the scraper's namespace (e.g. kubernetes.io/metadata.name: monitoring); unset: this namespace."""
+    pod_selector: LabelMap | None = None
+    """Labels of the scraper's pods; unset: every pod of the selected namespaces."""
+
+    @model_validator(mode="after")
+    def _selects_something(self) -> Self:
+        if self.namespace_selector is None and self.pod_selector is None:
+            raise _fail(
+                "spec.store.metricsFrom[]",
+                {},
+                "a peer needs namespaceSelector or podSelector",
+                "name the scraper's namespace or pods, e.g. namespaceSelector: {app: monitoring}",
+            )
+        return self
+
+
 class StoreSpec(ApiModel):
     """The Mooncake store."""
 
@@ -228,6 +255,9 @@ class StoreSpec(ApiModel):
     """Tenant and isolation."""
     kv_cache_prefix: str | None = Field(default=None, max_length=k.STRING_MAX, pattern=r"^[^@\s]+$")
     """Override of the derived KV cache prefix (MooncakeStoreConnector cache_prefix)."""
+    metrics_from: list[MetricsPeerSpec] = Field(default=[], max_length=k.MAP_MAX)
+    """Who may scrape the master's and the store clients' metrics ports besides the store's users (Prometheus).
+    The master's metrics port also serves Mooncake's admin API, so admit only the scraper."""
 
     @model_validator(mode="after")
     def _standalone_has_clients(self) -> Self:

@@ -10,7 +10,7 @@ from typing import Any, Final
 from epd_connectors.config.bundle import RoleBundle
 from epd_connectors.config.mooncake import StoreMode
 from epd_operator.api import constants as c
-from epd_operator.api.spec import StoreSpec
+from epd_operator.api.spec import MetricsPeerSpec, StoreSpec
 from epd_operator.derive import ports, quantity
 from epd_operator.render import meta, objects
 from epd_operator.render.context import OFFLOAD_DIR, Context, Unit
@@ -141,6 +141,12 @@ def _pods(ctx: Context, roles: list[str]) -> dict[str, Any]:
     }
 
 
+def _peer(peer: MetricsPeerSpec) -> dict[str, Any]:
+    """A NetworkPolicy peer from the spec's selectors (both given: pods of those labels in those namespaces)."""
+    selectors = {"namespaceSelector": peer.namespace_selector, "podSelector": peer.pod_selector}
+    return {key: {"matchLabels": dict(labels)} for key, labels in selectors.items() if labels is not None}
+
+
 def _named(*names: str) -> list[dict[str, Any]]:
     return [{"port": name, "protocol": "TCP"} for name in names]
 
@@ -188,13 +194,16 @@ def render_store_network_policies(
       segments; EC and KV peers hand over), the proxy on kv-bootstrap (it asks the prefill's bootstrap server
       for the engine id), and http from anywhere (the API and vLLM's /metrics, what the role's Service
       serves), as before any policy selected these pods.
-    No scraper is admitted to the store's metrics ports: nothing in the spec or the operator's settings names
-    a monitoring peer yet. Kubelet probes come from the node, which policies do not filter."""
+    - spec.store.metricsFrom (a scraper): the metrics port of the master and of the store clients.
+    Kubelet probes come from the node, which policies do not filter."""
     users = store_user_roles(bundles)
     master_ports = _named(*ports.master_ports(store.master))
-    policies = [_policy(ctx, c.ROLE_MASTER, [{"from": [_pods(ctx, users)], "ports": master_ports}])]
+    scraped: list[dict[str, Any]] = []
+    if store.metrics_from:
+        scraped.append({"from": [_peer(p) for p in store.metrics_from], "ports": _named(ports.METRICS)})
+    policies = [_policy(ctx, c.ROLE_MASTER, [{"from": [_pods(ctx, users)], "ports": master_ports}, *scraped])]
     if store.mode == "standalone":
-        policies.append(_policy(ctx, c.ROLE_STORE_CLIENT, [{"from": [_pods(ctx, users)]}]))
+        policies.append(_policy(ctx, c.ROLE_STORE_CLIENT, [{"from": [_pods(ctx, users)]}, *scraped]))
     for role in segment_holder_roles(bundles):  # embedded mode only, so there are no store clients
         ingress = [
             {"from": [_pods(ctx, list(VLLM_ROLES))]},

@@ -11,7 +11,6 @@ from epd_operator.api import kube
 from epd_operator.api.__main__ import crd_yaml
 from epd_operator.api.crd import render_crd
 from epd_operator.api.resource import OperatorDefaults, Owner, parse_spec
-from epd_operator.derive.names import SERVICE_NAME_MAX, STATEFULSET_NAME_MAX
 from epd_operator.render import render_desired
 
 pytestmark = pytest.mark.unit
@@ -73,14 +72,11 @@ def test_names_columns_and_status_subresource() -> None:
 
 
 def test_the_name_limit_is_the_one_derive_names_needs() -> None:
-
-    assert (kube.SERVICE_NAME_MAX, kube.STATEFULSET_NAME_MAX) == (SERVICE_NAME_MAX, STATEFULSET_NAME_MAX)
-
     spec = yaml.safe_load((CRD_FILE.parents[1] / "examples" / "e-p-d-store-offload.yaml").read_text())["spec"]
     spec["prefill"]["additionalPools"][0]["name"] = "p" * kube.POOL_NAME_MAX
     at_limit = Owner(name="n" * kube.NAME_MAX, namespace="serving", uid="u")
     names = [o["metadata"]["name"] for o in render_desired(at_limit, parse_spec(spec), OperatorDefaults()).objects]
-    assert max(len(n) for n in names if not n.endswith("-bundle")) == SERVICE_NAME_MAX
+    assert max(len(n) for n in names if not n.endswith("-bundle")) == kube.SERVICE_NAME_MAX
     with pytest.raises(ValueError, match=r"metadata\.name"):
         render_desired(
             Owner(name="n" * (kube.NAME_MAX + 1), namespace="serving", uid="u"), parse_spec(spec), OperatorDefaults()

@@ -29,7 +29,7 @@ POOLS_MAX: Final = 8
 STRING_MAX: Final = 1024
 """Images, model names, paths, arguments: bounded so CEL rules over them have a finite cost."""
 
-# -- object names (derive.names builds them; tests/unit/operator/test_crd.py checks these against it)
+# -- object names (derive.names builds them; tests/unit/operator/test_crd.py renders a deployment at these limits)
 
 SERVICE_NAME_MAX: Final = 63
 """A Service name is a DNS-1035 label."""

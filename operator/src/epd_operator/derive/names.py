@@ -12,13 +12,10 @@ from dataclasses import dataclass, field
 
 from epd_connectors.config.master import MasterConfig
 from epd_operator.api import constants as c
+from epd_operator.api.kube import DNS_1035, SERVICE_NAME_MAX, STATEFULSET_NAME_MAX
 from epd_operator.derive.site import ClusterNetwork, Network
 
-SERVICE_NAME_MAX = 63
-"""A Service name is a DNS-1035 label."""
-STATEFULSET_NAME_MAX = 52
-"""A StatefulSet's name plus "-<10-char revision hash>" must fit the 63-character label value limit."""
-_DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS_1035 = re.compile(DNS_1035)
 MAIN_POOL = "main"
 """Label value of the main prefill pool (additional pools use their own names, so this one is reserved)."""
 

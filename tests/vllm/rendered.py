@@ -1,0 +1,133 @@
+"""What the operator renders for vLLM, as the checker's cases: every example and a bounded set of variants of them.
+
+Each vLLM role's bundle goes through epd-launch's own plan (plan_launch), so a case's argv, environment and Mooncake
+JSON are exactly what the pod would exec and read; only the model path is replaced by the tiny model's (vLLM's
+create_engine_config reads the model's config, and the examples' weights are not on this machine).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from epd_connectors.config.bundle import VLLM_ROLES, parse_bundle
+from epd_connectors.launch.plan import plan_launch
+from epd_operator.api import constants as c
+from epd_operator.api.resource import InvalidSpecError, OperatorDefaults, Owner, parse_spec
+from epd_operator.render import render_desired
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+OWNER = Owner(name="demo", namespace="serving", uid="00000000-0000-4000-8000-000000000014")
+POD_IP = "127.0.0.1"
+
+Case = dict[str, Any]
+
+
+def examples() -> dict[str, dict[str, Any]]:
+    """Every examples/*.yaml's spec, by file stem."""
+    found: dict[str, dict[str, Any]] = {}
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        spec: dict[str, Any] = yaml.safe_load(path.read_text())["spec"]
+        found[path.stem] = spec
+    return found
+
+
+# One change at a time to an example: the settings that reach vLLM's argv, its transfer configs or the Mooncake
+# JSON. A variant the operator refuses (InvalidSpecError) is not a case: only what it renders is judged.
+VARIANTS: dict[str, tuple[tuple[str, ...], Any]] = {
+    "dtype-float16": (("model", "dtype"), "float16"),
+    "dtype-auto": (("model", "dtype"), "auto"),
+    "block-size-64": (("model", "blockSize"), 64),
+    "mm-cache-0": (("model", "mmProcessorCacheGB"), 0),
+    "mm-cache-half": (("model", "mmProcessorCacheGB"), 0.5),
+    "mm-kwargs": (("model", "mmProcessorKwargs"), {"max_pixels": 1003520, "do_resize": True}),
+    "served-name": (("model", "servedModelName"), "served-name"),
+    "encoder-budget": (("encoder", "maxNumBatchedTokens"), 4096),
+    "encoder-buffer-cpu": (("encoder", "bufferDevice"), "cpu"),
+    "encoder-cross-cache": (("encoder", "crossEncoderCache"), {"enabled": True, "prefix": "variant"}),
+    "prefill-tp2": (("prefill", "tensorParallelSize"), 2),
+    "prefill-eager": (("prefill", "enforceEager"), True),
+    "prefill-pool-tp2": (("prefill", "additionalPools"), [{"name": "tp2", "tensorParallelSize": 2}]),
+    "kv-mooncake": (("prefill", "kv"), {"connector": "mooncake"}),
+    "kv-mooncake-store": (("prefill", "kv"), {"connector": "mooncake-store"}),
+    "kv-mooncake+store": (("prefill", "kv"), {"connector": "mooncake+store", "lookupAsync": True}),
+    "kv-shared-storage": (("prefill", "kv"), {"connector": "shared-storage"}),
+    "decode-tp2": (("decode", "tensorParallelSize"), 2),
+    "decode-not-eager": (("decode", "enforceEager"), False),
+    "decode-budget": (("decode", "maxNumBatchedTokens"), 2048),
+    "decode-save-cache": (("decode", "kv", "saveDecodeCache"), True),
+    "decode-fail-policy": (("decode", "kv", "loadFailurePolicy"), "fail"),
+    "store-embedded": (("store", "mode"), "embedded"),
+    "store-tcp": (("store", "protocol"), "tcp"),
+    "store-tenant": (("store", "tenant"), {"id": "variant-tenant", "isolation": True}),
+}
+
+
+def variant(spec: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any] | None:
+    """`spec` with `path` set to `value`; None when a section on the way is absent (nothing to vary)."""
+    changed = copy.deepcopy(spec)
+    node = changed
+    for key in path[:-1]:
+        if key not in node and key not in ("kv",):
+            return None
+        node = node.setdefault(key, {})
+    node[path[-1]] = value
+    return changed
+
+
+def specs() -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every example, then every variant of each that changes something."""
+    for name, spec in examples().items():
+        yield name, spec
+        for label, (path, value) in VARIANTS.items():
+            changed = variant(spec, path, value)
+            if changed is not None and changed != spec:
+                yield f"{name}+{label}", changed
+
+
+def cases(name: str, spec: dict[str, Any], *, model: Path, workdir: Path) -> list[Case]:
+    """One case per vLLM role bundle of the rendered spec; empty when the operator refuses the spec."""
+    try:
+        desired = render_desired(OWNER, parse_spec(spec), OperatorDefaults())
+    except InvalidSpecError:
+        return []
+    found: list[Case] = []
+    for obj in desired.objects:
+        text = obj.get("data", {}).get(c.BUNDLE_FILE) if obj["kind"] == "ConfigMap" else None
+        if text is None:
+            continue
+        bundle = parse_bundle(text)
+        if bundle.role not in VLLM_ROLES:
+            continue
+        unit = obj["metadata"]["name"].removesuffix("-bundle")
+        where = workdir / name / unit
+        where.mkdir(parents=True, exist_ok=True)
+        plan = plan_launch(
+            bundle, workdir=str(where), bundle_path=str(where / "bundle.json"), environ={"POD_IP": POD_IP}
+        )
+        for path, content in plan.files.items():
+            Path(path).write_text(content, encoding="utf-8")
+        assert bundle.vllm is not None
+        found.append(case(f"{name}/{unit}", plan.argv[3:], plan.env, model=model, extra=len(bundle.vllm.extra_args)))
+    return found
+
+
+def case(name: str, argv: list[str], env: dict[str, str], *, model: Path, extra: int = 0) -> Case:
+    """A checker case: `argv` with the tiny model's path, the launcher's env and its Mooncake JSON (if any);
+    `extra`: how many of argv's last arguments are the spec's extraArgs (the rest is what the operator owns)."""
+    argv = list(argv)
+    argv[argv.index("--model") + 1] = str(model)
+    return {
+        "name": name,
+        "argv": argv,
+        "owned_argv": argv[: len(argv) - extra],
+        "env": env,
+        "mooncake_config": env.get("MOONCAKE_CONFIG_PATH"),
+        # Model Runner V2 (the cross-encoder cache) needs Triton, which only a GPU has: the checker stands in.
+        "triton": env.get("VLLM_USE_V2_MODEL_RUNNER") == "1",
+    }

@@ -40,13 +40,13 @@ from epd_operator.local.processes import attention_note
 from epd_operator.local.sample import png_bytes
 from tests.e2e.cpu import cpu_summary
 from tests.e2e.memory import MemorySampler
+from tests.tiny_model import build as tiny_model_build
 
 LOOPBACK = "127.0.0.1"
 REPO = Path(__file__).resolve().parents[2]
 E2E_VENV_ENV = "EPD_E2E_VENV"
 E2E_VENV = Path(os.environ.get(E2E_VENV_ENV, REPO / ".venv-e2e"))
 E2E_VENV = E2E_VENV if E2E_VENV.is_absolute() else REPO / E2E_VENV
-TINY_MODEL_SCRIPT = REPO / "tools" / "tinymodel" / "make_tiny_qwen2vl.py"
 SERVED_MODEL = "tiny-qwen2-vl"
 START_DEADLINE_S = float(os.environ.get("EPD_E2E_START_DEADLINE_S", "900"))
 """An instance answers /health after about a minute on 2 idle cores; several starting at once on a busy box
@@ -174,18 +174,9 @@ def e2e_python() -> Path:
 def tiny_model(e2e_python: Path) -> Path:
     """The tiny Qwen2-VL's folder (built once and cached; a few seconds when the script changed)."""
     started = time.monotonic()
-    result = subprocess.run(
-        [str(e2e_python), str(TINY_MODEL_SCRIPT), "--quiet"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        check=False,
-        timeout=600,
-    )
-    if result.returncode != 0:
-        pytest.fail(f"building the tiny model failed ({SETUP_HINT}):\n{result.stderr[-4000:]}", pytrace=False)
+    model = tiny_model_build(e2e_python, SETUP_HINT)
     TIMINGS.add("tiny model (build or cache hit)", time.monotonic() - started)
-    return Path(result.stdout.strip().splitlines()[-1])
+    return model
 
 
 @dataclass

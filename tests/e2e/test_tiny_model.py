@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import TINY_MODEL_SCRIPT
+from tests.tiny_model import SCRIPT as TINY_MODEL_SCRIPT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 

@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 
+from tests.tiny_model import build as tiny_model_build
+
 REPO = Path(__file__).resolve().parents[2]
 CHECKER = Path(__file__).with_name("vllm_check.py")
-TINY_MODEL_SCRIPT = REPO / "tools" / "tinymodel" / "make_tiny_qwen2vl.py"
 CHECK_TIMEOUT_S = 900
 
 
@@ -103,14 +104,4 @@ def tiny_model() -> Path:
     python = VLLMS[0].python
     if not python.exists():
         pytest.fail(f"{VLLMS[0].venv} is missing: run `{VLLMS[0].setup}`", pytrace=False)
-    result = subprocess.run(
-        [str(python), str(TINY_MODEL_SCRIPT), "--quiet"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        check=False,
-        timeout=600,
-    )
-    if result.returncode != 0:
-        pytest.fail(f"building the tiny model failed:\n{result.stderr[-4000:]}", pytrace=False)
-    return Path(result.stdout.strip().splitlines()[-1])
+    return tiny_model_build(python, f"run `{VLLMS[0].setup}`")

@@ -8,6 +8,7 @@ create_engine_config reads the model's config, and the examples' weights are not
 from __future__ import annotations
 
 import copy
+import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -80,14 +81,38 @@ def variant(spec: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str
     return changed
 
 
+COMBINATIONS = 24
+"""Generated specs: this many draws of two to four variants applied together (a fixed seed, so every run judges
+the same set and a failure reproduces)."""
+
+
+def combinations() -> Iterator[tuple[str, tuple[str, ...]]]:
+    """(example, variant labels) pairs drawn with a fixed seed; labels of one draw vary distinct settings."""
+    draw = random.Random(14)
+    names = sorted(examples())
+    for _ in range(COMBINATIONS):
+        labels = draw.sample(sorted(VARIANTS), draw.randint(2, 4))
+        paths = [VARIANTS[label][0] for label in labels]
+        kept = tuple(label for i, label in enumerate(labels) if paths[i] not in paths[:i])
+        yield draw.choice(names), kept
+
+
 def specs() -> Iterator[tuple[str, dict[str, Any]]]:
-    """Every example, then every variant of each that changes something."""
-    for name, spec in examples().items():
+    """Every example, every variant of each that changes something, then the generated combinations."""
+    found = examples()
+    for name, spec in found.items():
         yield name, spec
         for label, (path, value) in VARIANTS.items():
             changed = variant(spec, path, value)
             if changed is not None and changed != spec:
                 yield f"{name}+{label}", changed
+    for name, labels in combinations():
+        combined: dict[str, Any] | None = found[name]
+        for label in labels:
+            path, value = VARIANTS[label]
+            combined = variant(combined, path, value) if combined is not None else None
+        if combined is not None and combined != found[name]:
+            yield f"{name}+{'+'.join(labels)}", combined
 
 
 def cases(name: str, spec: dict[str, Any], *, model: Path, workdir: Path) -> list[Case]:

@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import pathlib
+import re
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -47,8 +48,8 @@ SAMPLE = next(p for p in EXAMPLES if p.name == "e-pd-shared-storage.yaml")
 RELEASE = "epd"
 FULLNAME = f"{RELEASE}-epd-operator"
 """The chart's full name for this release (also its ServiceAccount, Deployment and peering name)."""
-REFUSED_MARKERS = ("403", "Forbidden", "forbidden", "Not enough permissions")
-"""What kopf or our client log when the API server refuses a request."""
+REFUSED = re.compile(r"\b403\b|Forbidden|forbidden|Not enough permissions")
+"""What kopf or our client log when the API server refuses a request (403 as a word: timestamps hold digits)."""
 
 
 # -- helm and namespaces
@@ -177,7 +178,7 @@ def posted_events(kube: Kube, namespace: str) -> list[str]:
 
 
 def refusals(log: str) -> list[str]:
-    return [line for line in log.splitlines() if any(m in line for m in REFUSED_MARKERS)]
+    return [line for line in log.splitlines() if REFUSED.search(line)]
 
 
 Access = tuple[str, str, str, str]

@@ -36,7 +36,7 @@ from typing import Any
 
 import kopf
 
-from epd_operator import _kube, apply, managed_fields, pacing, status
+from epd_operator import _kube, apply, events, managed_fields, pacing, status
 from epd_operator.api import constants as c
 from epd_operator.api.resource import InvalidSpecError, OperatorDefaults, Owner, parse_spec
 from epd_operator.api.status import EPDDeploymentStatus
@@ -76,8 +76,6 @@ class Tracked:
     """One EPDDeployment as the operator knows it."""
 
     owner: Owner
-    ref: kopf.Body
-    """apiVersion, kind and metadata (name, namespace, uid): what Events need."""
     status: EPDDeploymentStatus
     """As last written (or read from the object when first seen)."""
     problems: list[str] = field(default_factory=list)
@@ -122,12 +120,8 @@ def _trim(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-PostEvent = Callable[[str, kopf.Body, str, str], None]
+PostEvent = Callable[[str, Owner, str, str], None]
 """(level "info" or "warn", the EPDDeployment, reason, message): posts a Kubernetes Event."""
-
-
-def post_with_kopf(level: str, ref: kopf.Body, reason: str, message: str) -> None:
-    (kopf.warn if level == "warn" else kopf.info)(ref, reason=reason, message=message)
 
 
 class Runtime:
@@ -145,7 +139,8 @@ class Runtime:
         # another, so the pods of the first start while the rest are still being applied.
         self._syncs = asyncio.Semaphore(concurrent_syncs)
         self._tasks: set[asyncio.Task[None]] = set()
-        self.post_event: PostEvent = post_with_kopf
+        self.events = events.EventPoster(client)
+        self.post_event: PostEvent = self.events.post
         self.deployments: dict[Key, Tracked] = {}
         self.workloads: dict[ChildKey, dict[str, Any]] = {}
         """(kind, namespace, name) -> the workload as last seen."""
@@ -155,21 +150,14 @@ class Runtime:
         """Repairs waiting for their turn (`pacer`), one per child at most."""
 
     def _event(self, tracked: Tracked, level: str, reason: str, message: str) -> None:
-        self.post_event(level, tracked.ref, reason, message[:1000])
+        self.post_event(level, tracked.owner, reason, message)
 
     def track(self, body: Mapping[str, Any]) -> Tracked:
         owner = _owner(body)
         key = (owner.namespace, owner.name)
         tracked = self.deployments.get(key)
         if tracked is None or tracked.owner.uid != owner.uid:  # new, or deleted and created again
-            meta = body["metadata"]
-            raw: kopf.RawBody = {
-                "apiVersion": c.API_VERSION,
-                "kind": c.KIND,
-                "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"]},
-            }
-            ref = kopf.Body(raw)
-            tracked = Tracked(owner, ref, status.parse(body.get("status")))
+            tracked = Tracked(owner, status.parse(body.get("status")))
             self.deployments[key] = tracked
             if tracked.status.conditions:  # written before (by an earlier process): counts until we write again
                 self.metrics.set_phase(key, tracked.status.phase)

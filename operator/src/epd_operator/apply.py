@@ -247,12 +247,15 @@ async def apply(
 
 
 async def current(client: _kube.Requester, obj: dict[str, Any]) -> dict[str, Any] | None:
-    """`obj` as the server holds it now; None when it does not exist."""
+    """`obj` as the server holds it now; None when it does not exist.
+
+    Read through a list selecting the name: the operator's role grants list and watch on children, not get."""
     meta = obj["metadata"]
-    try:
-        return await client.request("GET", f"{kind_of(obj).collection(meta['namespace'])}/{meta['name']}")
-    except _kube.NotFoundError:
-        return None
+    listed = await client.request(
+        "GET", kind_of(obj).collection(meta["namespace"]), query={"fieldSelector": f"metadata.name={meta['name']}"}
+    )
+    items = listed.get("items") or []
+    return {"apiVersion": obj["apiVersion"], "kind": obj["kind"], **items[0]} if items else None
 
 
 async def _remove(client: _kube.Requester, live: dict[str, Any], pointers: Sequence[str]) -> dict[str, Any]:

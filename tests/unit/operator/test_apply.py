@@ -21,6 +21,10 @@ OWNER = Owner("demo", "ns", "uid-1", 1)
 OTHER = Owner("demo", "ns", "uid-old", 1)
 
 
+CHILD_PLURALS = {k.plural for k in apply.MANAGED_KINDS}
+"""The chart grants list and watch on these, never get (tests/cluster/test_chart_operator.py)."""
+
+
 class FakeApi:
     """Just enough of the API server: SSA replaces the object (new resourceVersion only when content changes),
     list by label selector, delete with a uid precondition. Every request is recorded."""
@@ -46,16 +50,21 @@ class FakeApi:
             assert isinstance(body, dict)
             return self._apply(path, body)
         if method == "GET" and query is None:  # one object
+            assert path.rsplit("/", 2)[1] not in CHILD_PLURALS, f"GET {path}: the chart grants no get on children"
             if path not in self.objects:
                 raise _kube.NotFoundError(method, path, 404, "NotFound", "not found")
             return _public(self.objects[path])
         if method == "GET":
             assert query is not None
-            wanted = dict(pair.split("=") for pair in query["labelSelector"].split(","))
+            labels = query.get("labelSelector")
+            wanted = dict(pair.split("=") for pair in labels.split(",")) if labels else {}
+            name = query.get("fieldSelector", "").removeprefix("metadata.name=")
             items = [
                 _public(o)
                 for p, o in self.objects.items()
-                if p.rsplit("/", 1)[0] == path and wanted.items() <= o["metadata"].get("labels", {}).items()
+                if p.rsplit("/", 1)[0] == path
+                and wanted.items() <= o["metadata"].get("labels", {}).items()
+                and name in ("", o["metadata"]["name"])
             ]
             for item in items:  # a real list omits these
                 item.pop("kind"), item.pop("apiVersion")

@@ -134,7 +134,7 @@ def plan_local(
         text = configmaps[names.bundle_configmap(workload.name)]["data"][c.BUNDLE_FILE]
         bundle = parse_bundle(text, source=workload.name)
         own = {name: port for (unit, name), port in network.assigned.items() if unit == workload.name}
-        rpc = rpc_dir(paths, bundle.vllm.port) if bundle.vllm is not None else None
+        rpc = rpc_dir(bundle.vllm.port) if bundle.vllm is not None else None
         instances.append(Instance(workload.name, bundle.role, bundle, text, readiness(bundle), own, rpc))
     if problems:
         raise LocalPlanError(problems)
@@ -148,15 +148,21 @@ def plan_local(
     )
 
 
-def rpc_dir(paths: Paths, http_port: int) -> str:
+RPC_ROOT = "/tmp"
+"""Where the instances' ipc folders go: a short fixed root, not the workdir (under pytest's tmp that is already
+about 80 bytes), since vLLM puts every ipc socket there (most named by a 36-character uuid) and a unix socket
+path holds at most 107 bytes."""
+
+
+def rpc_dir(http_port: int) -> str:
     """The folder a vLLM instance keeps its ipc sockets in (VLLM_RPC_BASE_PATH), its own on this host.
 
     MooncakeStoreConnector's lookup server binds ipc://<VLLM_RPC_BASE_PATH, default the temp dir>/lookup_rpc_
     port_<lookup_rpc_port>_host_<hostname>_dp_rank<r> (store/worker.py, vLLM 0.32 and 0.33), unlinking what is
     there first: with one base path, a prefill and a decode of one host share a path and the second to start
     takes the first one's lookups over (and stopping either deletes the other's socket). Named after the
-    instance's HTTP port, unique on the host, to stay short: a unix socket path holds at most 107 bytes."""
-    return f"{paths.work_dir}/rpc-{http_port}"
+    instance's HTTP port, which no other running instance on the host has."""
+    return f"{RPC_ROOT}/epd-rpc-{http_port}"
 
 
 def readiness(bundle: RoleBundle) -> Readiness:

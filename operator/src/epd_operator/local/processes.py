@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -289,6 +290,9 @@ class LocalDeployment:
             if wave:
                 with ThreadPoolExecutor(max_workers=len(wave)) as pool:
                     list(pool.map(Running.stop, wave))
+        for run in self.running:
+            if run.instance.rpc_dir is not None:  # outside the workdir (plan.RPC_ROOT): nothing else removes it
+                shutil.rmtree(run.instance.rpc_dir, ignore_errors=True)
         if self.running:
             self.say(f"stopped {len(self.running)} processes")
         self.running.clear()

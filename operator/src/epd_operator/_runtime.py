@@ -30,7 +30,7 @@ import copy
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,6 +152,23 @@ class Runtime:
     def _event(self, tracked: Tracked, level: str, reason: str, message: str) -> None:
         self.post_event(level, tracked.owner, reason, message)
 
+    def _announce_failure(self, tracked: Tracked, reason: str, message: str) -> None:
+        """A warning Event, unless it says what the last one did (kopf retries a failure unchanged)."""
+        if message != tracked.failure:
+            self._event(tracked, "warn", reason=reason, message=message)
+            tracked.failure = message
+
+    def _leave_alone(self, tracked: Tracked) -> None:
+        """The namespace is being deleted: re-creating children or posting Events there only fails."""
+        log.info("%s/%s: the namespace is being deleted; leaving it alone", *_key(tracked))
+        self.forget(*_key(tracked))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)  # the loop keeps only weak references to tasks
+        task.add_done_callback(self._tasks.discard)
+        return task
+
     def track(self, body: Mapping[str, Any]) -> Tracked:
         owner = _owner(body)
         key = (owner.namespace, owner.name)
@@ -199,16 +216,12 @@ class Runtime:
             try:
                 outcome = await self._reconcile(tracked, _owner(body), body.get("spec") or {})
             except _kube.NamespaceTerminatingError:
-                # Everything in the namespace is going: re-creating children or posting Events there only fails.
-                log.info("%s/%s: the namespace is being deleted; leaving it alone", *_key(tracked))
-                self.forget(*_key(tracked))
+                self._leave_alone(tracked)
                 return
             except _kube.KubeError as exc:
                 self.metrics.reconciles.labels("error").inc()
                 self.metrics.errors.labels(type(exc).__name__).inc()
-                if str(exc) != tracked.failure:  # kopf retries: announce each failure once
-                    self._event(tracked, "warn", reason="ApplyFailed", message=str(exc))
-                    tracked.failure = str(exc)
+                self._announce_failure(tracked, "ApplyFailed", str(exc))
                 if exc.retryable:
                     raise kopf.TemporaryError(str(exc), delay=RETRY_DELAY_S) from exc
                 raise kopf.PermanentError(str(exc)) from exc
@@ -243,9 +256,7 @@ class Runtime:
         except apply.NameConflictError as exc:
             tracked.owner, tracked.blocked, tracked.blocking = owner, (status.REASON_NAME_CONFLICT, str(exc)), exc.keys
             log.warning("%s/%s: name conflict, nothing applied: %s", *_key(tracked), exc)
-            if str(exc) != tracked.failure:
-                self._event(tracked, "warn", reason=status.REASON_NAME_CONFLICT, message=str(exc))
-                tracked.failure = str(exc)
+            self._announce_failure(tracked, status.REASON_NAME_CONFLICT, str(exc))
             self.metrics.errors.labels("NameConflict").inc()
             await self.publish(tracked)
             return "conflict"
@@ -381,8 +392,7 @@ class Runtime:
                 before = None if live is None else await apply.current(self.client, wanted)
                 answers = await apply.apply(self.client, wanted, live)
             except _kube.NamespaceTerminatingError:
-                log.info("%s/%s: the namespace is being deleted; leaving it alone", *_key(tracked))
-                self.forget(owner.namespace, owner.name)
+                self._leave_alone(tracked)
                 return
             except _kube.KubeError as exc:
                 self._event(tracked, "warn", reason="RepairFailed", message=f"{key[0]} {key[2]}: {exc}")
@@ -412,9 +422,7 @@ class Runtime:
             self._repairs.pop(key, None)  # events from here on may ask for another repair
             await self._repair(tracked, key, live, paced=True)
 
-        self._repairs[key] = task = asyncio.create_task(later())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._repairs[key] = self._spawn(later())
 
     def _retry_later(self, tracked: Tracked) -> None:
         """Reconcile `tracked` again (the object in its way is gone), from its last body."""
@@ -428,16 +436,12 @@ class Runtime:
             with contextlib.suppress(kopf.TemporaryError, kopf.PermanentError):  # reported; its next event retries
                 await self.reconcile(body)
 
-        task = asyncio.create_task(again())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._spawn(again())
 
     def _refresh_later(self, tracked: Tracked, delay: float = STATUS_DELAY_S) -> None:
         """Publish the status after `delay`, once for every event that arrives meanwhile."""
         if tracked.pending is None or tracked.pending.done():
-            tracked.pending = task = asyncio.create_task(self._refresh(tracked, delay))
-            self._tasks.add(task)  # the loop keeps only weak references to tasks
-            task.add_done_callback(self._tasks.discard)
+            tracked.pending = self._spawn(self._refresh(tracked, delay))
 
     async def _refresh(self, tracked: Tracked, delay: float) -> None:
         await asyncio.sleep(delay)

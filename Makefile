@@ -58,14 +58,14 @@ images-resolve-gpu: setup-python ## pip's resolver (dry run) over the GPU vLLM i
 
 # Three pytest runs, so the control plane and Mooncake processes of the first are gone before vLLM starts; all
 # always run (one CI pass reports every tier) and the target fails if any did.
-test: setup setup-e2e setup-vllm033 images-test images-test-vllm images-resolve-gpu ## every tier: unit, proxy, store, cluster, images, vLLM's own checks, then e2e (real vLLM, real pods on the real node; installs .venv-e2e ~6 GB and .venv-vllm033 5.5 GB)
+test: lint setup setup-e2e setup-vllm033 images-test images-test-vllm images-resolve-gpu ## lint, then every tier: unit, proxy, store, cluster, images, vLLM's own checks, then e2e (real vLLM, real pods on the real node; installs .venv-e2e ~6 GB and .venv-vllm033 5.5 GB)
 	@rc=0; \
 	$(PYTEST) -m "not e2e" || rc=$$?; \
 	EPD_E2E_VENV=$(VENV_E2E) EPD_VLLM033_VENV=$(VENV_VLLM033) $(PYTEST) -m vllm || rc=$$?; \
 	EPD_E2E_VENV=$(VENV_E2E) $(PYTEST) -m e2e || rc=$$?; \
 	exit $$rc
 
-test-fast: setup images-test ## every tier but e2e: unit, proxy, store (real Mooncake), cluster (real control plane), images
+test-fast: lint setup images-test ## lint, then every tier but e2e: unit, proxy, store (real Mooncake), cluster (real control plane), images
 	$(PYTEST) -m "not e2e"
 
 test-unit: setup-python ## the quick pure tests only

@@ -1,9 +1,9 @@
 """The operator's one connection to the Kubernetes API, and the errors it raises.
 
-apply and status are the only modules allowed to talk to the API server; both send their requests through
-`Client.request`, so every third-party error (aiohttp, the kubernetes client, an HTTP status) becomes one of
-the exception types below in exactly one place. Bodies are plain dicts: the operator renders whole manifests
-and reads only a few status fields, so the typed client models would only add conversions.
+Only apply, status and events talk to the API server, all through `Client.request`, so every third-party
+error (aiohttp, the kubernetes client, an HTTP status) becomes one of the exception types below in exactly one
+place. Bodies are plain dicts: the operator renders whole manifests and reads only a few status fields, so
+the typed client models would only add conversions.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Every write goes through server-side apply under the one field manager (`constants.FIELD_MANAGER`, forced),
 so the operator owns exactly the fields it renders and a re-apply of identical content is a no-op on the
-server (measured on the local control plane: the resourceVersion stays the same). To spare the API server
+server (the resourceVersion stays the same). To spare the API server
 those no-op requests too, `Applied` remembers what this process last applied: an object whose rendered
 content is unchanged and whose fields we own are still ours (`managed_fields.held`) is not sent again. A
 fresh process remembers nothing, so its first reconcile re-applies everything once, which also repairs drift
@@ -284,9 +284,8 @@ async def _apply(client: _kube.Requester, obj: dict[str, Any]) -> dict[str, Any]
             content_type=_kube.APPLY_PATCH,
         )
     except _kube.NotFoundError as exc:
-        # An apply creates what is missing, so a 404 names something else that is not there yet: the API
-        # server answers one when a RoleBinding's Role, created a moment earlier, is not in its cache yet
-        # (the escalation check of a binding made by a non-admin). Worth a retry, not a permanent failure.
+        # An apply creates what is missing, so a 404 names something not there yet (a RoleBinding's Role
+        # missing from the API server's cache for its escalation check): worth a retry.
         raise RetryableNotFoundError(exc.method, exc.path, exc.status, exc.reason, exc.message) from exc
 
 
@@ -339,7 +338,7 @@ async def delete(client: _kube.Requester, obj: dict[str, Any]) -> None:
 
 _FOLLOWS = {"RoleBinding": "Role"}
 """A RoleBinding sent with its Role may arrive first: without the `bind` verb the operator may bind only rules
-it holds, and the apiserver cannot check a Role that does not exist yet (404; seen on a real node)."""
+it holds, and the API server cannot check a Role that does not exist yet (404)."""
 
 
 def _batches(objects: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:

@@ -134,7 +134,7 @@ def test_a_failed_restore_is_retried() -> None:
         del api.objects[CM]
         api.fail_applies = True
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr("epd_operator._runtime.RETRY_REPAIR_S", 0.1)
+            patch.setattr("epd_operator.repairs.RETRY_REPAIR_S", 0.1)
             await rt.child_event("DELETED", "ConfigMap", gone)
             api.fail_applies = False
             await asyncio.sleep(0.3)

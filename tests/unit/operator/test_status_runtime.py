@@ -12,7 +12,7 @@ import kopf
 import pytest
 from prometheus_client import CollectorRegistry
 
-from epd_operator import _kube, _runtime, status
+from epd_operator import _kube, _runtime, publish, repairs, status
 from epd_operator.api import constants as c
 from epd_operator.api.resource import OperatorDefaults
 from epd_operator.metrics import Metrics
@@ -117,7 +117,7 @@ def test_workload_events_drive_status_to_ready_in_one_coalesced_write() -> None:
         for name in ("demo-encoder", "demo-pd", "demo-proxy"):
             await rt.child_event("MODIFIED", "Deployment", workload(api, name, ready=1))
         assert len(api.status_writes) == 1  # the burst waits for the coalescing window
-        await asyncio.sleep(_runtime.STATUS_DELAY_S + 0.2)
+        await asyncio.sleep(publish.STATUS_DELAY_S + 0.2)
         assert len(api.status_writes) == 2
         ready = status.parse(api.status_writes[-1])
         assert ready.phase == "Ready" and ready.roles_ready["pd"] == "1/1"
@@ -214,7 +214,7 @@ def test_a_failed_apply_keeps_reporting_the_previous_generation() -> None:
         with pytest.raises(kopf.TemporaryError):
             await rt.reconcile(body({**SPEC, "decode": {"replicas": 2}}, generation=2))
         await rt.child_event("MODIFIED", "Deployment", workload(api, "demo-pd", ready=1))
-        await asyncio.sleep(_runtime.STATUS_DELAY_S + 0.2)
+        await asyncio.sleep(publish.STATUS_DELAY_S + 0.2)
 
     asyncio.run(scenario())
     latest = status.parse(api.status_writes[-1])
@@ -321,7 +321,7 @@ def test_a_terminating_namespace_gets_no_repair_and_no_event() -> None:
             gone = workload(api, name)
             del api.objects[f"/apis/apps/v1/namespaces/ns/deployments/{name}"]
             await rt.child_event("DELETED", "Deployment", gone)
-        await asyncio.sleep(_runtime.RETRY_REPAIR_S / 10)
+        await asyncio.sleep(repairs.RETRY_REPAIR_S / 10)
 
     asyncio.run(scenario())
     assert events == []

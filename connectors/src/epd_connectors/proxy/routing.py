@@ -12,7 +12,7 @@ import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from epd_connectors.config._ec_ports import zmq_tcp
+from epd_connectors.config.ec_ports import ec_control_address
 
 
 @dataclass(frozen=True)
@@ -86,4 +86,4 @@ def split_ec_addresses(consumers: Sequence[str], addresses: Sequence[str]) -> di
 
 def ec_addresses_for(host: str, ec_port: int, tensor_parallel_size: int, data_parallel_size: int) -> list[str]:
     """A discovered consumer's control addresses: TP rank 0 of each DP replica d listens on ec_port + d*tp."""
-    return [zmq_tcp(host, ec_port + d * tensor_parallel_size) for d in range(data_parallel_size)]
+    return [ec_control_address(host, ec_port, tensor_parallel_size, d) for d in range(data_parallel_size)]

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import pytest
 
-from epd_connectors.config.bundle import Endpoint, Peers, ProxySettings, Role, RoleBundle
+from epd_connectors.config.bundle import Endpoint, Peers, PrefillEndpoint, ProxySettings, Role, RoleBundle
 from epd_connectors.proxy import cli
 from epd_connectors.proxy.local import local_proxy
 from epd_connectors.proxy.roster import ProxyRole
@@ -57,7 +57,7 @@ def test_the_bundle_gives_listener_roster_and_affinity(tmp_path: Path) -> None:
         proxy=ProxySettings(host="127.0.0.1", port=9123, encoder_affinity=False),
         peers=Peers(
             encoders=[Endpoint(host="demo-encoder", port=8000)],
-            prefill=[Endpoint(host="demo-prefill", port=8000)],
+            prefill=[PrefillEndpoint(host="demo-prefill", port=8000)],
             decode=[Endpoint(host="demo-decode", port=8000)],
             ec_consumers=["tcp://demo-prefill:14579"],
         ),

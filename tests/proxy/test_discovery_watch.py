@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
+from epd_connectors.config.bundle import ECControl
 from epd_connectors.proxy.app import ProxyApp
 from epd_connectors.proxy.discovery import kubernetes_discovery
 from epd_connectors.proxy.discovery_slices import RoleWatch
@@ -27,7 +28,7 @@ def test_scaling_events_change_the_roster_without_a_restart() -> None:
         )
         watches = [
             RoleWatch(ProxyRole.ENCODER, "demo-encoder", port=8000),
-            RoleWatch(ProxyRole.PD, "demo-pd", port=8000, ec_port=14579),
+            RoleWatch(ProxyRole.PD, "demo-pd", port=8000, ec=ECControl(port=14579)),
         ]
         roster = Roster.build({ProxyRole.ENCODER: [], ProxyRole.PD: []})
         discovery = kubernetes_discovery("ns", watches, client_loader=lambda: kube)

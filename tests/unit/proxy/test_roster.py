@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from epd_connectors.config.bundle import Endpoint, Peers
+from epd_connectors.config.bundle import ConsumerEndpoint, ECControl, Endpoint, Peers
 from epd_connectors.proxy.health import apply_probe
 from epd_connectors.proxy.roster import InstanceSpec, ProxyRole, Roster, outstanding
 from epd_connectors.proxy.settings import Limits
@@ -91,13 +91,12 @@ def test_static_roster_mistakes(roster: StaticRoster, needle: str) -> None:
 def test_bundle_peers_give_the_roster_and_the_services_to_watch() -> None:
     peers = Peers(
         encoders=[Endpoint(host="demo-encoder.ns.svc", port=8000)],
-        pd=[Endpoint(host="demo-pd.ns.svc", port=8000)],
-        ec_consumers=["tcp://demo-pd.ns.svc:14579"],
+        pd=[ConsumerEndpoint(host="demo-pd.ns.svc", port=8000, ec=ECControl(port=14579))],
     )
     specs = from_peers(peers).specs()
     assert specs[ProxyRole.PD] == [InstanceSpec("http://demo-pd.ns.svc:8000", ("tcp://demo-pd.ns.svc:14579",))]
-    watches = watches_from_peers(peers, ec_port=14579, ec_tp=[1], ec_dp=[1])
-    assert [(w.role, w.service, w.port, w.ec_port) for w in watches] == [
+    watches = watches_from_peers(peers)
+    assert [(w.role, w.service, w.port, w.ec) for w in watches] == [
         (ProxyRole.ENCODER, "demo-encoder", 8000, None),
-        (ProxyRole.PD, "demo-pd", 8000, 14579),
+        (ProxyRole.PD, "demo-pd", 8000, ECControl(port=14579)),
     ]

@@ -17,6 +17,7 @@ from typing import Any, Final, Literal
 from pydantic import Field, ValidationError, model_validator
 
 from epd_connectors.config.base import ConfigError, ConfigModel, describe_validation_error, problem
+from epd_connectors.config.ec_ports import ec_control_address
 from epd_connectors.config.ec_transfer import ECMooncakeProducer, ECTransferConfig
 from epd_connectors.config.kv_transfer import KVTransferConfig, MooncakeStoreConnectorConfig, connectors_of
 from epd_connectors.config.master import MasterConfig
@@ -64,6 +65,36 @@ class Endpoint(ConfigModel):
         return f"{scheme}://{self.host}:{self.port}"
 
 
+class ECControl(ConfigModel):
+    """Where the pods behind a consumer endpoint take pushed embeddings (ECMooncakeConnector): their EC config's
+    ec_port and parallel sizes, which place every rank's control port (ec_ports)."""
+
+    port: int = Field(ge=1, le=65535)
+    """The consumer's ec_port: TP rank 0 of DP replica 0."""
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    data_parallel_size: int = Field(default=1, ge=1)
+
+    def addresses(self, host: str) -> list[str]:
+        """The control address an encoder pushes to, one per DP replica, for a pod at `host`."""
+        return [
+            ec_control_address(host, self.port, self.tensor_parallel_size, d) for d in range(self.data_parallel_size)
+        ]
+
+
+class ConsumerEndpoint(Endpoint):
+    """A language-model endpoint that may take encoder output (pd, or prefill in a split)."""
+
+    ec: ECControl | None = None
+    """How to address its pods' EC control ports; None when no encoder pushes to it."""
+
+
+class PrefillEndpoint(ConsumerEndpoint):
+    """A prefill endpoint: an EC consumer, and with MooncakeConnector the decode's KV source."""
+
+    bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
+    """MooncakeConnector's bootstrap server (VLLM_MOONCAKE_BOOTSTRAP_PORT) on its pods; None without it."""
+
+
 class Peers(ConfigModel):
     """Where the other roles of this deployment are; the proxy's static roster and every role's waits."""
 
@@ -72,17 +103,42 @@ class Peers(ConfigModel):
     master_metrics_url: str | None = None
     """The master's Prometheus metrics; in standalone-store mode encoders wait for mounted capacity here."""
     encoders: list[Endpoint] = Field(default_factory=list)
-    prefill: list[Endpoint] = Field(default_factory=list)
+    prefill: list[PrefillEndpoint] = Field(default_factory=list)
     decode: list[Endpoint] = Field(default_factory=list)
-    pd: list[Endpoint] = Field(default_factory=list)
+    pd: list[ConsumerEndpoint] = Field(default_factory=list)
     ec_consumers: list[str] = Field(default_factory=list)
-    """EC control addresses (tcp://host:port) of every consumer rank, in the order the proxy addresses them."""
+    """EC control addresses (tcp://host:port) of every consumer replica, in consumer order, given instead of
+    the consumers' `ec` (a roster written by hand)."""
+
+    @property
+    def consumers(self) -> list[PrefillEndpoint] | list[ConsumerEndpoint]:
+        """The endpoints that receive encoder output: the prefill endpoints of a split, else the pd ones."""
+        return self.prefill if self.prefill else self.pd
+
+    def ec_addresses(self) -> list[str]:
+        """Every consumer replica's EC control address at the endpoints' own hosts, in consumer order."""
+        if self.ec_consumers:
+            return list(self.ec_consumers)
+        return [a for e in self.consumers if e.ec is not None for a in e.ec.addresses(e.host)]
 
 
 PROXY_READINESS_PATH: Final = "/health"
 """200 only when every required role has a healthy instance."""
 PROXY_LIVENESS_PATH: Final = "/livez"
 """200 while the proxy serves at all: a liveness probe must not restart it while vLLM is still loading."""
+
+
+class KVProtocol(StrEnum):
+    """How the proxy hands the KV cache from prefill to decode.
+
+    `passive`: connectors that find the KV by content (ExampleConnector, MooncakeStoreConnector); the decode is
+    sent after the prefill answers, with the prefill's kv_transfer_params if it returned any.
+    `mooncake`: MooncakeConnector P2P; the proxy asks the prefill's bootstrap server for its engine id and
+    builds both sides' kv_transfer_params with one transfer id.
+    """
+
+    PASSIVE = "passive"
+    MOONCAKE = "mooncake"
 
 
 class ProxySettings(ConfigModel):
@@ -92,6 +148,10 @@ class ProxySettings(ConfigModel):
     port: int = Field(default=8000, ge=1, le=65535)
     encoder_affinity: bool = True
     """Route a media item by the hash of its content to the encoder that already holds its embedding."""
+    kv_protocol: KVProtocol = KVProtocol.PASSIVE
+    """How prefill hands its KV cache to decode; `mooncake` needs every prefill endpoint's bootstrap_port."""
+    discover: bool = False
+    """Follow the peers' Services' EndpointSlices for their pods (a cluster); false: use the peers as given."""
 
 
 class WaitSettings(ConfigModel):
@@ -268,21 +328,53 @@ def _vllm_problems(bundle: RoleBundle) -> list[str]:
 
 
 def _proxy_problems(bundle: RoleBundle) -> list[str]:
-    if bundle.proxy is None:
+    proxy = bundle.proxy
+    if proxy is None:
         return []
     peers = bundle.peers
     # A decode (kv_consumer) is only half a split: alone it has no prefill to take KV from.
-    if peers.pd or (peers.prefill and peers.decode):
-        return []
-    given = [name for name in ("prefill", "decode") if getattr(peers, name)]
-    return [
-        problem(
-            "peers",
-            f"only {' and '.join(given)}" if given else "no language-model instances",
-            "the proxy needs pd, or prefill and decode together (a split)",
-            "list the pd endpoints, or the prefill and decode endpoints",
+    if not (peers.pd or (peers.prefill and peers.decode)):
+        given = [name for name in ("prefill", "decode") if getattr(peers, name)]
+        return [
+            problem(
+                "peers",
+                f"only {' and '.join(given)}" if given else "no language-model instances",
+                "the proxy needs pd, or prefill and decode together (a split)",
+                "list the pd endpoints, or the prefill and decode endpoints",
+            )
+        ]
+    found: list[str] = []
+    kind = "prefill" if peers.prefill else "pd"
+    with_ec = [i for i, e in enumerate(peers.consumers) if e.ec is not None]
+    if with_ec and len(with_ec) != len(peers.consumers):
+        found.append(
+            problem(
+                f"peers.{kind}[*].ec",
+                f"set on {with_ec} only",
+                "an encoder pushes to every consumer, so the proxy needs every one's control port",
+                f"give ec on every {kind} endpoint, or on none",
+            )
         )
-    ]
+    if with_ec and peers.ec_consumers:
+        found.append(
+            problem(
+                "peers.ec_consumers",
+                peers.ec_consumers,
+                f"the {kind} endpoints' ec give the addresses too",
+                "give one of them",
+            )
+        )
+    missing = [i for i, e in enumerate(peers.prefill) if e.bootstrap_port is None]
+    if proxy.kv_protocol is KVProtocol.MOONCAKE and missing:
+        found.append(
+            problem(
+                "peers.prefill[*].bootstrap_port",
+                f"missing on {missing}",
+                "with kv_protocol mooncake the proxy asks each prefill's bootstrap server for its engine id",
+                "give every prefill endpoint its bootstrap_port (VLLM_MOONCAKE_BOOTSTRAP_PORT)",
+            )
+        )
+    return found
 
 
 def parse_bundle(text: str, *, source: str = "bundle") -> RoleBundle:

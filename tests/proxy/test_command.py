@@ -77,7 +77,7 @@ def test_the_bundle_gives_listener_roster_and_affinity(tmp_path: Path) -> None:
 
 
 def test_flags_can_come_from_the_environment() -> None:
-    """The pod runs `epd-proxy --bundle PATH`; the bundle's env (EPD_PROXY_*) sets the rest. No backend needed."""
+    """A proxy started by hand: EPD_PROXY_* fill what the command line leaves out. No backend needed."""
     environ = {
         "EPD_PROXY_PD": "http://p0:8000,http://p1:8000",
         "EPD_PROXY_KV_PROTOCOL": "mooncake",

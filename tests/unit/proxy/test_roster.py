@@ -100,3 +100,18 @@ def test_bundle_peers_give_the_roster_and_the_services_to_watch() -> None:
         (ProxyRole.ENCODER, "demo-encoder", 8000, None),
         (ProxyRole.PD, "demo-pd", 8000, ECControl(port=14579)),
     ]
+
+
+def test_a_static_roster_from_the_bundle_gives_each_consumer_its_own_replicas_addresses() -> None:
+    """By each endpoint's own DP size, not by an even split of one list (1 + 3 addresses would split 2 + 2)."""
+    peers = Peers(
+        pd=[
+            ConsumerEndpoint(host="10.0.0.1", port=8000, ec=ECControl(port=14579)),
+            ConsumerEndpoint(host="10.0.0.2", port=8000, ec=ECControl(port=14579, data_parallel_size=3)),
+        ]
+    )
+    specs = from_peers(peers).specs()
+    assert [s.ec_addresses for s in specs[ProxyRole.PD]] == [
+        ("tcp://10.0.0.1:14579",),
+        ("tcp://10.0.0.2:14579", "tcp://10.0.0.2:14580", "tcp://10.0.0.2:14581"),
+    ]

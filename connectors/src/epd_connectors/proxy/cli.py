@@ -123,6 +123,7 @@ def build(
             decode=given.items("decode", str, static.decode),
             pd=given.items("pd", str, static.pd),
             ec_consumers=given.items("ec_consumer", str, static.ec_consumers),
+            ec_per_consumer=() if given.items("ec_consumer", str) else static.ec_per_consumer,
             bootstrap_ports=given.items("prefill_bootstrap_port", int, static.bootstrap_ports),
         )
         specs = static.specs()

@@ -27,6 +27,8 @@ class StaticRoster:
     pd: Sequence[str] = ()
     ec_consumers: Sequence[str] = ()
     """EC control addresses of the consumers (prefill, else pd/decode), each one's DP replicas consecutively."""
+    ec_per_consumer: Sequence[Sequence[str]] = ()
+    """Or each consumer's own addresses, in consumer order (a bundle's endpoints say each one's DP size)."""
     bootstrap_ports: Sequence[int] = field(default_factory=tuple)
     """MooncakeConnector bootstrap port per prefill URL, or one for all."""
 
@@ -39,7 +41,13 @@ class StaticRoster:
         if not pd and not decode:
             raise ValueError("no decode or pd instance; give --pd URL (combined) or --prefill and --decode")
         consumers = list(self.prefill) or pd
-        ec = split_ec_addresses(consumers, self.ec_consumers)
+        if self.ec_per_consumer and len(self.ec_per_consumer) != len(consumers):
+            raise ValueError(f"EC addresses for {len(self.ec_per_consumer)} consumers, not {len(consumers)}")
+        ec = (
+            {c: list(a) for c, a in zip(consumers, self.ec_per_consumer, strict=True)}
+            if self.ec_per_consumer
+            else split_ec_addresses(consumers, self.ec_consumers)
+        )
         ports = list(self.bootstrap_ports)
         if ports and len(ports) not in (1, len(self.prefill)):
             raise ValueError(f"{len(ports)} bootstrap ports for {len(self.prefill)} prefill instances")
@@ -70,7 +78,8 @@ def from_peers(peers: Peers) -> StaticRoster:
         prefill=urls(peers.prefill),
         decode=urls(peers.decode),
         pd=urls(peers.pd),
-        ec_consumers=peers.ec_addresses(),
+        ec_consumers=list(peers.ec_consumers),
+        ec_per_consumer=[e.ec.addresses(e.host) for e in peers.consumers if e.ec is not None],
         bootstrap_ports=[p for p in bootstrap if p is not None] if all(bootstrap) else [],
     )
 

@@ -39,6 +39,7 @@ from epd_connectors.config.sizes import ByteSize
 __all__ = [
     "EMBEDDING_VALUE_HEADER_BYTES",
     "BufferDevice",
+    "ECConfig",
     "ECExampleConnectorConfig",
     "ECExampleExtra",
     "ECMooncakeConsumer",
@@ -177,14 +178,17 @@ ECTransferConfig = Annotated[
 ]
 """Any EC transfer config; pydantic picks the model from ec_connector and ec_role."""
 
-_BY_TAG: dict[str, type[ECMooncakeProducer | ECMooncakeConsumer | ECExampleConnectorConfig]] = {
+ECConfig = ECMooncakeProducer | ECMooncakeConsumer | ECExampleConnectorConfig
+"""A parsed EC transfer config of any connector and role."""
+
+_BY_TAG: dict[str, type[ECConfig]] = {
     "mooncake-producer": ECMooncakeProducer,
     "mooncake-consumer": ECMooncakeConsumer,
     "example": ECExampleConnectorConfig,
 }
 
 
-def parse_ec_transfer_config(text: str) -> ECMooncakeProducer | ECMooncakeConsumer | ECExampleConnectorConfig:
+def parse_ec_transfer_config(text: str) -> ECConfig:
     """Parse an ``--ec-transfer-config`` value into its model; ConfigError naming the fields otherwise."""
     data = _transfer_common.load_json_object(text)
     tag = _ec_tag(data)

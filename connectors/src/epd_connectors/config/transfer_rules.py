@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from epd_connectors.config._ec_ports import ec_consumer_ports
 from epd_connectors.config.base import MAX_PORT, problem
-from epd_connectors.config.ec_transfer import ECMooncakeConsumer, ECMooncakeProducer
+from epd_connectors.config.ec_transfer import ECConfig, ECMooncakeConsumer, ECMooncakeProducer
 from epd_connectors.config.kv_transfer import (
     DEFAULT_BOOTSTRAP_PORT,
     HASH_SEED_ALGOS,
@@ -18,7 +18,7 @@ from epd_connectors.config.kv_transfer import (
     MooncakeStoreExtra,
     connectors_of,
 )
-from epd_connectors.config.vllm import ECConfig, VllmServerConfig
+from epd_connectors.config.vllm import VllmServerConfig
 
 
 def check_transfers(

@@ -16,7 +16,7 @@ from pydantic import BeforeValidator, ValidationInfo, field_validator, model_val
 
 from epd_connectors.config import _transfer_common
 from epd_connectors.config.base import ConfigModel, Port, rule_error
-from epd_connectors.config.ec_transfer import ECExampleConnectorConfig, ECMooncakeConsumer, ECMooncakeProducer
+from epd_connectors.config.ec_transfer import ECConfig
 from epd_connectors.config.kv_transfer import AnyKVConfig
 
 VllmRole = Literal["encoder", "prefill", "decode", "pd"]
@@ -35,8 +35,6 @@ CPU build)."""
 ENCODER_MAX_NUM_BATCHED_TOKENS = 114688
 """The encoder's scheduler budget: effectively unlimited, as in vLLM's disaggregated-encoder examples; the
 encoder cache manager sets the real budget."""
-
-ECConfig = ECMooncakeProducer | ECMooncakeConsumer | ECExampleConnectorConfig
 
 # Every flag argv() renders, with the spellings argparse would also accept for it. vLLM turns '_' into '-'
 # and accepts unambiguous prefixes (argparse allow_abbrev), so both are refused in extra_args too.

@@ -50,9 +50,6 @@ BufferDevice = Literal["cuda", "cpu", "xpu"]
 DEFAULT_BOOTSTRAP_PORT = 8998
 """vLLM's VLLM_MOONCAKE_BOOTSTRAP_PORT when the variable is unset."""
 
-HASH_SEED_ALGOS = frozenset({"xxhash", "xxhash_cbor"})
-"""Prefix-caching hash algorithms that seed per process: store sharers then need one PYTHONHASHSEED."""
-
 
 class _KVBase(TransferModel):
     """The KVTransferConfig fields we set (vLLM 0.33 ``vllm/config/kv_transfer.py``); the others (kv_port,

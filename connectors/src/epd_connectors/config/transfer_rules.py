@@ -11,7 +11,6 @@ from epd_connectors.config.base import MAX_PORT, problem
 from epd_connectors.config.ec_transfer import ECConfig, ECMooncakeConsumer, ECMooncakeProducer
 from epd_connectors.config.kv_transfer import (
     DEFAULT_BOOTSTRAP_PORT,
-    HASH_SEED_ALGOS,
     AnyKVConfig,
     MooncakeConnectorConfig,
     MooncakeStoreConnectorConfig,
@@ -19,6 +18,9 @@ from epd_connectors.config.kv_transfer import (
     connectors_of,
 )
 from epd_connectors.config.vllm import VllmServerConfig
+
+HASH_SEED_ALGOS = frozenset({"xxhash", "xxhash_cbor"})
+"""Prefix-caching hash algorithms that seed per process: store sharers then need one PYTHONHASHSEED."""
 
 
 def check_transfers(

@@ -1,4 +1,4 @@
-"""The shared base of all config models and the one format every rule's message follows.
+"""The shared base of all config models, the one format every rule's message follows, and the Port type.
 
 A rule's message must let a platform engineer fix the resource without reading our code, so it always names
 the field, the offending value and the fix: ``<field> = <value>: <problem>. Fix: <fix>``.

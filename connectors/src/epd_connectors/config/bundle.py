@@ -14,7 +14,7 @@ from typing import Any, Final, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from epd_connectors.config.base import ConfigError, ConfigModel, describe_validation_error
+from epd_connectors.config.base import ConfigError, ConfigModel, Port, describe_validation_error
 from epd_connectors.config.bundle_rules import role_section_problems
 from epd_connectors.config.ec_transfer import ECTransferConfig
 from epd_connectors.config.kv_transfer import KVTransferConfig
@@ -52,7 +52,7 @@ class Endpoint(ConfigModel):
 
     host: str = Field(min_length=1)
     """DNS name (a Service or pod name in a cluster) or IP address."""
-    port: int = Field(ge=1, le=65535)
+    port: Port
 
     def url(self, scheme: str = "http") -> str:
         return f"{scheme}://{self.host}:{self.port}"
@@ -83,7 +83,7 @@ class ProxySettings(ConfigModel):
     """The request proxy's own listener and routing switches."""
 
     host: str = "0.0.0.0"
-    port: int = Field(default=8000, ge=1, le=65535)
+    port: Port = 8000
     encoder_affinity: bool = True
     """Route a media item by the hash of its content to the encoder that already holds its embedding."""
 

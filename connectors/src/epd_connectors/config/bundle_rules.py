@@ -12,6 +12,7 @@ from epd_connectors.config.base import problem
 from epd_connectors.config.ec_transfer import ECMooncakeProducer
 from epd_connectors.config.kv_transfer import MooncakeStoreConnectorConfig, connectors_of
 from epd_connectors.config.mooncake import StoreMode
+from epd_connectors.config.transfer_rules import check_transfers
 
 if TYPE_CHECKING:
     from epd_connectors.config.bundle import RoleBundle
@@ -112,7 +113,7 @@ def _vllm_problems(bundle: RoleBundle) -> list[str]:
         )
     mooncake = bundle.mooncake
     store_offload = mooncake.enable_offload if mooncake is not None else None
-    found += server.check_transfers(bundle.ec_transfer, bundle.kv_transfer, store_offload=store_offload)
+    found += check_transfers(server, bundle.ec_transfer, bundle.kv_transfer, store_offload=store_offload)
     if mooncake is None:
         return found
     if not needs_store(bundle):

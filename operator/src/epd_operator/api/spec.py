@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
+from epd_connectors.config.base import Port
 from epd_operator.api import kube as k
 from epd_operator.api._base import ApiModel, EnvMap, LabelMap, NodePath, PositiveQuantity, Quantity, Resources
 
@@ -117,13 +118,13 @@ class Images(ApiModel):
 class MasterSpec(ApiModel):
     """The Mooncake master (the store's metadata service)."""
 
-    rpc_port: int = Field(default=50051, ge=1, le=65535)
+    rpc_port: Port = 50051
     """Clients' RPC port."""
-    metrics_port: int = Field(default=9003, ge=1, le=65535)
+    metrics_port: Port = 9003
     """Serves /metrics and /health (the readiness probe)."""
     http_metadata_server: bool = False
     """Serve transfer-engine metadata over HTTP instead of peer-to-peer handshakes."""
-    http_metadata_port: int = Field(default=8080, ge=1, le=65535)
+    http_metadata_port: Port = 8080
     """Port of that metadata server."""
     eviction_high_watermark_ratio: float = Field(default=0.9, ge=0, le=1)
     """Pool fill ratio at which eviction starts."""
@@ -174,7 +175,7 @@ class StoreClientsSpec(ApiModel):
     """One store client on every node matching nodeSelector (a DaemonSet)."""
     node_selector: LabelMap = {}
     """Nodes for the store clients."""
-    port: int = Field(default=50052, ge=1, le=65535)
+    port: Port = 50052
     """The client's RPC port."""
     segment_size: PositiveQuantity = 4 * 1024**3
     """RAM each client contributes to the pool."""
@@ -438,7 +439,7 @@ class ProxyServiceSpec(ApiModel):
 
     type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
     """Service type."""
-    port: int = Field(default=8000, ge=1, le=65535)
+    port: Port = 8000
     """Port clients call (OpenAI-compatible API)."""
 
 

@@ -13,7 +13,7 @@ from epd_connectors.config.mooncake import MooncakeStoreConfig, Protocol, StoreM
 from epd_connectors.config.store_client import StoreClientConfig
 from epd_operator.api import constants as c
 from epd_operator.api.resource import InvalidSpecError
-from epd_operator.api.spec import StoreSpec
+from epd_operator.api.store import StoreSpec
 from epd_operator.derive import ports
 from epd_operator.render.context import Context
 

@@ -10,6 +10,7 @@ import json
 from typing import Literal
 
 from epd_connectors.config.bundle import Peers, Role, RoleBundle
+from epd_connectors.config.bundle_rules import needs_store
 from epd_connectors.config.master import MasterConfig
 from epd_connectors.config.mooncake import MooncakeStoreConfig
 from epd_connectors.config.vllm import VllmServerConfig
@@ -94,7 +95,7 @@ def vllm_bundle(
     elif unit.role in (c.ROLE_PREFILL, c.ROLE_PD):
         ec = transfer.consumer_ec(ctx, unit)
     kv = transfer.kv_config(ctx, unit.role)
-    uses_store = transfer.uses_store(ec, kv) and master is not None and store_json is not None
+    uses_store = needs_store(ec, kv) and master is not None and store_json is not None
     return RoleBundle(
         deployment=ctx.owner.name,
         namespace=ctx.owner.namespace,

@@ -88,12 +88,6 @@ class Context:
         return f"{self.site.paths.shared_dir}/{subdir}"
 
     @property
-    def store_kv_split(self) -> bool:
-        """Prefill and decode exchange KV through the store (mooncake-store or mooncake+store)."""
-        kv = self.spec.prefill.kv if self.spec.prefill else None
-        return kv is not None and kv.connector in ("mooncake-store", "mooncake+store")
-
-    @property
     def protocol(self) -> str:
         """One transport for the store and every Mooncake connector; rdma (Mooncake's default) without store."""
         return self.spec.store.protocol if self.spec.store else "rdma"
@@ -110,9 +104,6 @@ def build_context(
     store, prefill = spec.store, spec.prefill
     cross_encoder = spec.encoder.cross_encoder_cache
     sizes = parallel.prefill_tp_sizes(prefill) if prefill is not None else ()
-    kv = prefill.kv if prefill is not None else None
-    store_kv_split = kv is not None and kv.connector in ("mooncake-store", "mooncake+store")
-    uses_kv_store = store_kv_split or (prefill is None and spec.decode.kv.store_offload)
     return Context(
         owner=owner,
         spec=spec,
@@ -122,9 +113,9 @@ def build_context(
         embedding_prefix=(
             identity.embedding_cache_prefix(spec.model, cross_encoder.prefix) if cross_encoder.enabled else ""
         ),
-        kv_prefix=identity.kv_cache_prefix(spec.model, store.kv_cache_prefix) if store and uses_kv_store else "",
+        kv_prefix=identity.kv_cache_prefix(spec.model, store.kv_cache_prefix) if store and spec.uses_kv_store else "",
         prefill_tp_sizes=sizes,
-        store_tp=parallel.store_tp_size(sizes) if store_kv_split else 0,
+        store_tp=parallel.store_tp_size(sizes) if spec.store_kv_split else 0,
         hash_seed=identity.python_hash_seed(owner.namespace, owner.name),
         site=where,
     )

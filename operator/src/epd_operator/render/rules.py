@@ -9,10 +9,10 @@ from __future__ import annotations
 from epd_connectors.config.kv_transfer import p2p_tp_fits
 from epd_connectors.config.vllm import OWNED_FLAGS, owned_flag
 from epd_operator.api import constants as c
-from epd_operator.api.spec import StoreSpec
+from epd_operator.api.store import StoreSpec
 from epd_operator.derive import names as naming
 from epd_operator.derive import ports
-from epd_operator.render import bundles_vllm, transfer
+from epd_operator.render import bundles_vllm
 from epd_operator.render.context import Context, Unit
 
 _VLLM_ROLES = (c.ROLE_ENCODER, c.ROLE_PREFILL, c.ROLE_DECODE, c.ROLE_PD)
@@ -53,7 +53,7 @@ def _pool_problems(ctx: Context) -> list[str]:
 def _p2p_tp_problems(ctx: Context, units: list[Unit]) -> list[str]:
     """MooncakeConnector: the proxy pairs any prefill pool with the decode, and vLLM hands KV over only between
     TP sizes of which one divides the other (the connector library's p2p_tp_fits)."""
-    if ctx.spec.prefill is None or not transfer.uses_p2p_kv(ctx):
+    if ctx.spec.prefill is None or not ctx.spec.p2p_kv:
         return []
     decode_tp = ctx.spec.decode.tensor_parallel_size
     connector = ctx.spec.prefill.kv.connector if ctx.spec.prefill.kv else None
@@ -133,7 +133,7 @@ def _vllm_problems(ctx: Context, unit: Unit) -> list[str]:
             "read the prefill's blocks. Fix: use a decode TP that divides the store TP, or add a prefill pool "
             "with the decode's TP"
         )
-    if unit.role in (c.ROLE_DECODE, c.ROLE_PD) and ctx.spec.decode.kv.save_decode_cache and not ctx.store_kv_split:
+    if unit.role in (c.ROLE_DECODE, c.ROLE_PD) and ctx.spec.decode.kv.save_decode_cache and not ctx.spec.store_kv_split:
         found.append(
             "spec.decode.kv.saveDecodeCache = True: only a decoder reading KV from the store saves its blocks. "
             "Fix: remove it, or use spec.prefill.kv.connector mooncake-store or mooncake+store"

@@ -10,7 +10,7 @@ from typing import Any, Final
 from epd_connectors.config.bundle import RoleBundle
 from epd_connectors.config.mooncake import StoreMode
 from epd_operator.api import constants as c
-from epd_operator.api.spec import MetricsPeerSpec, StoreSpec
+from epd_operator.api.store import MetricsPeerSpec, StoreSpec
 from epd_operator.derive import ports, quantity
 from epd_operator.render import meta, objects
 from epd_operator.render.context import OFFLOAD_DIR, Context, Unit

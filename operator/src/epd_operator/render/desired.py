@@ -64,7 +64,7 @@ def render_desired(owner: Owner, spec: EPDDeploymentSpec, defaults: OperatorDefa
     local runner's loopback ports otherwise."""
     ctx = build_context(owner, spec, defaults, site)
     all_units = units(ctx)
-    problems = rules.spec_problems(ctx, all_units)
+    problems = rules.whole_spec_problems(ctx, all_units)
     if problems:
         raise InvalidSpecError(problems)
     bundles = _bundles(ctx, all_units)

@@ -18,8 +18,8 @@ from epd_operator.render.context import Context, Unit
 _VLLM_ROLES = (c.ROLE_ENCODER, c.ROLE_PREFILL, c.ROLE_DECODE, c.ROLE_PD)
 
 
-def spec_problems(ctx: Context, units: list[Unit]) -> list[str]:
-    """Every problem, one line each; empty when render may proceed."""
+def whole_spec_problems(ctx: Context, units: list[Unit]) -> list[str]:
+    """Every problem only the whole spec shows, one line each; empty when render may proceed."""
     found = naming.name_problems(
         ctx.names,
         [u.name for u in units],

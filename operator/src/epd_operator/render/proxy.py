@@ -19,7 +19,6 @@ from epd_connectors.config.bundle import (
     Role,
     RoleBundle,
 )
-from epd_operator.api import constants as c
 from epd_operator.derive import ports, quantity
 from epd_operator.render import meta, objects
 from epd_operator.render.context import Context, Unit
@@ -38,7 +37,7 @@ def proxy_bundle(ctx: Context, units: list[Unit]) -> RoleBundle:
     def endpoints(role: str) -> list[Endpoint]:
         return [endpoint(u) for u in units if u.role == role]
 
-    own = next(u for u in units if u.role == c.ROLE_PROXY)
+    own = next(u for u in units if u.role == Role.PROXY)
     settings = ProxySettings(
         port=ctx.port(own.name, ports.HTTP, ports.PROXY_PORT),
         encoder_affinity=ctx.spec.proxy.routing.encoder_affinity,
@@ -52,10 +51,10 @@ def proxy_bundle(ctx: Context, units: list[Unit]) -> RoleBundle:
         env=proxy_env(ctx, units),
         proxy=settings,
         peers=Peers(
-            encoders=endpoints(c.ROLE_ENCODER),
-            prefill=endpoints(c.ROLE_PREFILL),
-            decode=endpoints(c.ROLE_DECODE),
-            pd=endpoints(c.ROLE_PD),
+            encoders=endpoints(Role.ENCODER),
+            prefill=endpoints(Role.PREFILL),
+            decode=endpoints(Role.DECODE),
+            pd=endpoints(Role.PD),
             ec_consumers=_ec_consumers(ctx, units),
         ),
     )
@@ -64,7 +63,7 @@ def proxy_bundle(ctx: Context, units: list[Unit]) -> RoleBundle:
 def _consumer_units(ctx: Context, units: list[Unit]) -> list[Unit]:
     """The units that receive encoder output (each prefill pool, else the PD pool), in the order of their
     endpoints in the proxy's peers: the proxy pairs its per-consumer settings with those endpoints by position."""
-    role = c.ROLE_PREFILL if ctx.spec.prefill is not None else c.ROLE_PD
+    role = Role.PREFILL if ctx.spec.prefill is not None else Role.PD
     return [u for u in units if u.role == role]
 
 
@@ -96,7 +95,7 @@ def proxy_env(ctx: Context, units: list[Unit]) -> dict[str, str]:
         # MooncakeConnector: the decode pulls from the prefill pod found through its bootstrap server.
         env["EPD_PROXY_KV_PROTOCOL"] = "mooncake"
         bootstrap = [
-            ctx.port(u.name, ports.BOOTSTRAP, ports.KV_BOOTSTRAP_PORT) for u in units if u.role == c.ROLE_PREFILL
+            ctx.port(u.name, ports.BOOTSTRAP, ports.KV_BOOTSTRAP_PORT) for u in units if u.role == Role.PREFILL
         ]
         env["EPD_PROXY_PREFILL_BOOTSTRAP_PORT"] = ",".join(str(p) for p in dict.fromkeys(bootstrap))
     return env

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from epd_connectors.config.bundle import Role
 from epd_connectors.config.ec_transfer import (
     ECExampleConnectorConfig,
     ECExampleExtra,
@@ -35,7 +36,6 @@ from epd_connectors.config.kv_transfer import (
     MultiConnectorConfig,
     MultiExtra,
 )
-from epd_operator.api import constants as c
 from epd_operator.derive import identity, ports
 from epd_operator.render.context import EC_SUBDIR, KV_SUBDIR, Context, Unit
 
@@ -123,11 +123,11 @@ def _p2p_child(ctx: Context, kv_role: Literal["kv_producer", "kv_consumer"]) -> 
 def kv_config(ctx: Context, role: str) -> AnyKVConfig | None:
     """The role's KV connector: prefill produces, decode consumes, PD offloads (or has none)."""
     kv = ctx.spec.prefill_kv
-    if role == c.ROLE_PD:
+    if role == Role.PD:
         return _store_child(ctx, "kv_both") if ctx.spec.decode.kv.store_offload else None
-    if role == c.ROLE_ENCODER or kv is None:
+    if role == Role.ENCODER or kv is None:
         return None
-    producer = role == c.ROLE_PREFILL
+    producer = role == Role.PREFILL
     if kv.uses_shared_storage:
         return ExampleKVConnectorConfig(
             kv_role="kv_producer" if producer else "kv_consumer",
@@ -149,12 +149,12 @@ def runs_bootstrap_server(ctx: Context, role: str) -> bool:
     """Whether the role's pods run MooncakeConnector's bootstrap server, and so get its port: prefill only. vLLM
     (0.32 and 0.33 MooncakeConnectorWorker) starts it and registers with it only when not a kv_consumer; a
     decoder reaches the prefill's server at the address the proxy puts in kv_transfer_params."""
-    return role == c.ROLE_PREFILL and ctx.spec.p2p_kv
+    return role == Role.PREFILL and ctx.spec.p2p_kv
 
 
 def uses_shared_storage(ctx: Context, role: str) -> bool:
     """Whether the role's pods mount spec.sharedStorage (an EC or KV shared-storage connector touches it)."""
     kv = ctx.spec.prefill_kv
-    enc_shared = ctx.spec.encoder.uses_shared_storage and role in (c.ROLE_ENCODER, c.ROLE_PREFILL, c.ROLE_PD)
-    kv_shared = kv is not None and kv.uses_shared_storage and role in (c.ROLE_PREFILL, c.ROLE_DECODE)
+    enc_shared = ctx.spec.encoder.uses_shared_storage and role in (Role.ENCODER, Role.PREFILL, Role.PD)
+    kv_shared = kv is not None and kv.uses_shared_storage and role in (Role.PREFILL, Role.DECODE)
     return enc_shared or kv_shared

@@ -43,8 +43,8 @@ class ModelSource(RuledModel):
     RULES: ClassVar[tuple[Rule[ModelSource], ...]] = (
         Rule(
             "spec.model.source",
-            lambda s: len(s.given) == 1,
-            lambda s: s.given,
+            lambda s: len(s.sources_given) == 1,
+            lambda s: s.sources_given,
             "needs exactly one source",
             "give one of pvc, hostPath or image",
             cel="[has(self.pvc), has(self.hostPath), has(self.image)].filter(x, x).size() == 1",
@@ -60,7 +60,7 @@ class ModelSource(RuledModel):
     """Weights in an OCI image."""
 
     @property
-    def given(self) -> list[str]:
+    def sources_given(self) -> list[str]:
         return [n for n, v in (("pvc", self.pvc), ("hostPath", self.host_path), ("image", self.image)) if v]
 
 

@@ -21,7 +21,7 @@ from epd_connectors.proxy import cli
 from epd_connectors.proxy.app import ProxyApp
 from epd_connectors.proxy.discovery import kubernetes_discovery, union
 from epd_connectors.proxy.discovery_slices import RoleWatch
-from epd_connectors.proxy.roster import InstanceSpec, ProxyRole, Roster
+from epd_connectors.proxy.roster import InstanceSpec, Roster
 from epd_connectors.proxy.static import watches_from_peers
 from tests.proxy.harness import FAST, run
 from tests.proxy.kube_stand_in import StandInKubernetes, slice_
@@ -32,7 +32,7 @@ PEERS = Peers(
     prefill=[Endpoint(host="vl-prefill.ns.svc", port=8000), Endpoint(host="vl-prefill-tp2.ns.svc", port=8000)],
     decode=[Endpoint(host="vl-decode.ns.svc", port=8000)],
 )
-ROLES = (ProxyRole.ENCODER, ProxyRole.PREFILL, ProxyRole.DECODE)
+ROLES = (Role.ENCODER, Role.PREFILL, Role.DECODE)
 
 
 def control_addresses(ip: str, tp: int, dp: int) -> tuple[str, ...]:
@@ -71,7 +71,7 @@ def discover(kube: StandInKubernetes, watches: Sequence[RoleWatch], check: Calla
     run(main)
 
 
-def urls(roster: Roster, role: ProxyRole) -> list[str]:
+def urls(roster: Roster, role: Role) -> list[str]:
     return [i.url for i in roster.instances(role)]
 
 
@@ -80,9 +80,9 @@ def test_every_prefill_pool_reaches_the_roster_with_its_own_ec_addresses() -> No
     pool's events (a pod added) must not drop the first pool's pods, nor the first pool's (a pod unready)
     the second's."""
     watches = watches_from_peers(PEERS, ec_port=EC_PORT, ec_tp=[1, 2], ec_dp=[2], bootstrap_ports=[8998])
-    assert [(w.role, w.service, w.ec_tensor_parallel_size) for w in watches if w.role is ProxyRole.PREFILL] == [
-        (ProxyRole.PREFILL, "vl-prefill", 1),
-        (ProxyRole.PREFILL, "vl-prefill-tp2", 2),
+    assert [(w.role, w.service, w.ec_tensor_parallel_size) for w in watches if w.role is Role.PREFILL] == [
+        (Role.PREFILL, "vl-prefill", 1),
+        (Role.PREFILL, "vl-prefill-tp2", 2),
     ]
     kube = StandInKubernetes(
         listed=[
@@ -104,13 +104,13 @@ def test_every_prefill_pool_reaches_the_roster_with_its_own_ec_addresses() -> No
     assert want["http://10.0.2.1:8000"] == ("tcp://10.0.2.1:14579", "tcp://10.0.2.1:14581")
 
     def check(roster: Roster) -> None:
-        prefill = {i.url: i.spec for i in roster.instances(ProxyRole.PREFILL)}
+        prefill = {i.url: i.spec for i in roster.instances(Role.PREFILL)}
         assert {url: spec.ec_addresses for url, spec in prefill.items()} == want
         assert {spec.bootstrap_url for spec in prefill.values()} == {
             f"http://{u.removeprefix('http://').split(':')[0]}:8998" for u in want
         }
-        assert urls(roster, ProxyRole.ENCODER) == ["http://10.0.0.1:8000"]
-        assert urls(roster, ProxyRole.DECODE) == ["http://10.0.3.1:8000"]
+        assert urls(roster, Role.ENCODER) == ["http://10.0.0.1:8000"]
+        assert urls(roster, Role.DECODE) == ["http://10.0.3.1:8000"]
         assert roster.ready()
 
     discover(kube, watches, check)
@@ -129,7 +129,7 @@ def test_a_pool_without_pods_leaves_the_other_pools_in_the_roster() -> None:
     )
 
     def check(roster: Roster) -> None:
-        assert urls(roster, ProxyRole.PREFILL) == ["http://10.0.1.1:8000"]
+        assert urls(roster, Role.PREFILL) == ["http://10.0.1.1:8000"]
         assert kube.lists == {s: 1 for s in ("vl-encoder", "vl-prefill", "vl-prefill-tp2", "vl-decode")}
 
     discover(kube, watches, check)
@@ -144,12 +144,12 @@ def test_union_sorts_and_keeps_a_pod_in_two_services_once_as_the_first_gives_it(
 
 def test_per_service_settings_pair_with_the_bundles_endpoints_or_one_serves_all() -> None:
     one = watches_from_peers(PEERS, ec_port=EC_PORT, ec_tp=[4], bootstrap_ports=[8998, 8999])
-    prefill = [w for w in one if w.role is ProxyRole.PREFILL]
+    prefill = [w for w in one if w.role is Role.PREFILL]
     assert [(w.ec_tensor_parallel_size, w.ec_data_parallel_size, w.bootstrap_port) for w in prefill] == [
         (4, 1, 8998),
         (4, 1, 8999),
     ]
-    others = [w for w in one if w.role is not ProxyRole.PREFILL]
+    others = [w for w in one if w.role is not Role.PREFILL]
     assert all(w.ec_port is None and w.bootstrap_port is None and w.ec_tensor_parallel_size == 1 for w in others)
     with pytest.raises(ValueError, match=r"3 EC tensor-parallel sizes .* for 2 Services"):
         watches_from_peers(PEERS, ec_port=EC_PORT, ec_tp=[1, 2, 4])
@@ -165,7 +165,7 @@ def test_the_command_takes_per_service_sizes_from_the_environment(tmp_path: Path
     env = {"EPD_PROXY_DISCOVER": "1", "EPD_PROXY_EC_PORT": str(EC_PORT), "EPD_PROXY_EC_TP_SIZE": "1,2"}
     args: argparse.Namespace = cli.parser(env).parse_args(["--bundle", str(path)])
     watches = cli.watches_from(args, PEERS)
-    assert [w.ec_tensor_parallel_size for w in watches if w.role is ProxyRole.PREFILL] == [1, 2]
+    assert [w.ec_tensor_parallel_size for w in watches if w.role is Role.PREFILL] == [1, 2]
     app, *_ = cli.build(["--bundle", str(path)], env)
     assert app.roster.roles == frozenset(ROLES)
     with pytest.raises(SystemExit, match="3 EC tensor-parallel sizes"):

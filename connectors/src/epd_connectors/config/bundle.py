@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, get_args
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -21,7 +21,7 @@ from epd_connectors.config.kv_transfer import KVTransferConfig
 from epd_connectors.config.master import MasterConfig
 from epd_connectors.config.mooncake import MooncakeStoreConfig
 from epd_connectors.config.store_client import StoreClientConfig
-from epd_connectors.config.vllm import VllmServerConfig
+from epd_connectors.config.vllm import VllmRole, VllmServerConfig
 
 BUNDLE_API_VERSION: Literal["epd.serving.io/v1alpha1"] = "epd.serving.io/v1alpha1"
 BUNDLE_KIND: Literal["RoleBundle"] = "RoleBundle"
@@ -44,7 +44,8 @@ POD_IP_PLACEHOLDER: Literal["pod-ip.invalid"] = "pod-ip.invalid"
 an HA master's rpc_address): epd-launch replaces it with POD_IP from the downward API. The .invalid TLD
 (RFC 2606) never resolves, so an address that was not replaced fails loudly instead of pointing elsewhere."""
 
-VLLM_ROLES = frozenset({Role.ENCODER, Role.PREFILL, Role.DECODE, Role.PD})
+VLLM_ROLES: Final = frozenset(Role(name) for name in get_args(VllmRole))
+"""The roles that run a vLLM server (and that the proxy routes to): VllmServerConfig.role's values."""
 
 
 class Endpoint(ConfigModel):

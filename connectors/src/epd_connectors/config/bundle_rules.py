@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from epd_connectors.config.base import problem
-from epd_connectors.config.ec_transfer import ECMooncakeProducer
-from epd_connectors.config.kv_transfer import MooncakeStoreConnectorConfig, connectors_of
+from epd_connectors.config.ec_transfer import ECMooncakeProducer, ECTransferConfig
+from epd_connectors.config.kv_transfer import KVTransferConfig, MooncakeStoreConnectorConfig, connectors_of
 from epd_connectors.config.mooncake import StoreMode
 from epd_connectors.config.transfer_rules import check_transfers
 
@@ -89,9 +89,9 @@ def _store_client_problems(bundle: RoleBundle) -> list[str]:
     ]
 
 
-def needs_store(bundle: RoleBundle) -> bool:
-    """Whether the role's vLLM process talks to the Mooncake store (and so needs MOONCAKE_CONFIG_PATH)."""
-    ec, kv = bundle.ec_transfer, bundle.kv_transfer
+def needs_store(ec: ECTransferConfig | None, kv: KVTransferConfig | None) -> bool:
+    """Whether a vLLM process with these connectors talks to the Mooncake store (and so needs its JSON and the
+    master): cross-encoder reuse on an encoder, or MooncakeStoreConnector anywhere in its KV config."""
     cross_encoder = isinstance(ec, ECMooncakeProducer) and ec.ec_connector_extra_config.cross_encoder_cache
     store_kv = kv is not None and any(isinstance(c, MooncakeStoreConnectorConfig) for c in connectors_of(kv))
     return bool(cross_encoder or store_kv)
@@ -116,7 +116,7 @@ def _vllm_problems(bundle: RoleBundle) -> list[str]:
     found += check_transfers(server, bundle.ec_transfer, bundle.kv_transfer, store_offload=store_offload)
     if mooncake is None:
         return found
-    if not needs_store(bundle):
+    if not needs_store(bundle.ec_transfer, bundle.kv_transfer):
         found.append(
             problem(
                 "mooncake",

@@ -11,7 +11,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from epd_connectors.proxy.roster import InstanceSpec, ProxyRole
+from epd_connectors.config.bundle import Role
+from epd_connectors.proxy.roster import InstanceSpec
 from epd_connectors.proxy.routing import ec_addresses_for
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
@@ -22,7 +23,7 @@ SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 class RoleWatch:
     """One role's Service and how to address its pods."""
 
-    role: ProxyRole
+    role: Role
     service: str
     port: int | None = None
     """The port to use when a slice lists several: matched by number (None: the only or first port)."""

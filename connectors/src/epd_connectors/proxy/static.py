@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from epd_connectors.config.bundle import Endpoint, Peers
+from epd_connectors.config.bundle import Endpoint, Peers, Role
 from epd_connectors.proxy.discovery_slices import RoleWatch
-from epd_connectors.proxy.roster import InstanceSpec, ProxyRole
+from epd_connectors.proxy.roster import InstanceSpec
 from epd_connectors.proxy.routing import split_ec_addresses
 
 
@@ -30,7 +30,7 @@ class StaticRoster:
     bootstrap_ports: Sequence[int] = field(default_factory=tuple)
     """MooncakeConnector bootstrap port per prefill URL, or one for all."""
 
-    def specs(self) -> dict[ProxyRole, list[InstanceSpec]]:
+    def specs(self) -> dict[Role, list[InstanceSpec]]:
         """The roster's roles and instances; ValueError for an inconsistent combination."""
         pd = list(self.pd) or ([] if self.prefill else list(self.decode))
         decode = list(self.decode) if self.prefill else []
@@ -43,17 +43,17 @@ class StaticRoster:
         ports = list(self.bootstrap_ports)
         if ports and len(ports) not in (1, len(self.prefill)):
             raise ValueError(f"{len(ports)} bootstrap ports for {len(self.prefill)} prefill instances")
-        specs: dict[ProxyRole, list[InstanceSpec]] = {}
+        specs: dict[Role, list[InstanceSpec]] = {}
         if self.encoders:
-            specs[ProxyRole.ENCODER] = [InstanceSpec(_base(u)) for u in self.encoders]
+            specs[Role.ENCODER] = [InstanceSpec(_base(u)) for u in self.encoders]
         if self.prefill:
-            specs[ProxyRole.PREFILL] = [
+            specs[Role.PREFILL] = [
                 InstanceSpec(_base(u), tuple(ec[u]), _bootstrap(u, ports[min(i, len(ports) - 1)]) if ports else None)
                 for i, u in enumerate(self.prefill)
             ]
-            specs[ProxyRole.DECODE] = [InstanceSpec(_base(u)) for u in decode]
+            specs[Role.DECODE] = [InstanceSpec(_base(u)) for u in decode]
         else:
-            specs[ProxyRole.PD] = [InstanceSpec(_base(u), tuple(ec[u])) for u in pd]
+            specs[Role.PD] = [InstanceSpec(_base(u), tuple(ec[u])) for u in pd]
         return specs
 
 
@@ -88,16 +88,16 @@ def watches_from_peers(
     ValueError when a list matches neither.
     """
     split = bool(peers.prefill)
-    consumer = ProxyRole.PREFILL if split else ProxyRole.PD
+    consumer = Role.PREFILL if split else Role.PD
     consumers = list(peers.prefill) if split else list(peers.pd or peers.decode)
     tp = _per_endpoint(ec_tp, len(consumers), "EC tensor-parallel sizes (--ec-tp-size)") or [1] * len(consumers)
     dp = _per_endpoint(ec_dp, len(consumers), "EC data-parallel sizes (--ec-dp-size)") or [1] * len(consumers)
     bootstrap = _per_endpoint(bootstrap_ports, len(peers.prefill), "bootstrap ports (--prefill-bootstrap-port)")
     out: list[RoleWatch] = []
     for role, endpoints in (
-        (ProxyRole.ENCODER, list(peers.encoders)),
-        (ProxyRole.PREFILL, list(peers.prefill)),
-        (ProxyRole.DECODE if split else ProxyRole.PD, list(peers.decode) if split else consumers),
+        (Role.ENCODER, list(peers.encoders)),
+        (Role.PREFILL, list(peers.prefill)),
+        (Role.DECODE if split else Role.PD, list(peers.decode) if split else consumers),
     ):
         for i, endpoint in enumerate(endpoints):
             is_consumer = role is consumer
@@ -109,7 +109,7 @@ def watches_from_peers(
                     ec_port=ec_port if is_consumer else None,
                     ec_tensor_parallel_size=tp[i] if is_consumer else 1,
                     ec_data_parallel_size=dp[i] if is_consumer else 1,
-                    bootstrap_port=bootstrap[i] if bootstrap and role is ProxyRole.PREFILL else None,
+                    bootstrap_port=bootstrap[i] if bootstrap and role is Role.PREFILL else None,
                 )
             )
     return out

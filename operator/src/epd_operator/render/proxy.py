@@ -19,9 +19,8 @@ from epd_connectors.config.bundle import (
     Role,
     RoleBundle,
 )
-from epd_operator.api import constants as c
 from epd_operator.derive import ports, quantity
-from epd_operator.render import meta, objects, transfer
+from epd_operator.render import meta, objects
 from epd_operator.render.context import Context, Unit
 from epd_operator.render.pod import PodParams, Probes, http_get, pod_template
 
@@ -38,7 +37,7 @@ def proxy_bundle(ctx: Context, units: list[Unit]) -> RoleBundle:
     def endpoints(role: str) -> list[Endpoint]:
         return [endpoint(u) for u in units if u.role == role]
 
-    own = next(u for u in units if u.role == c.ROLE_PROXY)
+    own = next(u for u in units if u.role == Role.PROXY)
     settings = ProxySettings(
         port=ctx.port(own.name, ports.HTTP, ports.PROXY_PORT),
         encoder_affinity=ctx.spec.proxy.routing.encoder_affinity,
@@ -52,10 +51,10 @@ def proxy_bundle(ctx: Context, units: list[Unit]) -> RoleBundle:
         env=proxy_env(ctx, units),
         proxy=settings,
         peers=Peers(
-            encoders=endpoints(c.ROLE_ENCODER),
-            prefill=endpoints(c.ROLE_PREFILL),
-            decode=endpoints(c.ROLE_DECODE),
-            pd=endpoints(c.ROLE_PD),
+            encoders=endpoints(Role.ENCODER),
+            prefill=endpoints(Role.PREFILL),
+            decode=endpoints(Role.DECODE),
+            pd=endpoints(Role.PD),
             ec_consumers=_ec_consumers(ctx, units),
         ),
     )
@@ -64,14 +63,14 @@ def proxy_bundle(ctx: Context, units: list[Unit]) -> RoleBundle:
 def _consumer_units(ctx: Context, units: list[Unit]) -> list[Unit]:
     """The units that receive encoder output (each prefill pool, else the PD pool), in the order of their
     endpoints in the proxy's peers: the proxy pairs its per-consumer settings with those endpoints by position."""
-    role = c.ROLE_PREFILL if ctx.spec.prefill is not None else c.ROLE_PD
+    role = Role.PREFILL if ctx.spec.prefill is not None else Role.PD
     return [u for u in units if u.role == role]
 
 
 def _ec_consumers(ctx: Context, units: list[Unit]) -> list[str]:
     """With a static roster (derive.site), each EC consumer's control address (TP rank 0, one instance per
     unit), in the order of the consumer endpoints; empty in a cluster, where the proxy learns them from pods."""
-    if not ctx.site.network.static_roster or ctx.spec.encoder.connector != "mooncake":
+    if not ctx.site.network.static_roster or not ctx.spec.encoder.pushes_embeddings:
         return []
     return [
         f"tcp://{ctx.names.host(u.name)}:{ctx.port(u.name, ports.ec_port_name(0), ports.EC_CONTROL_PORT)}"
@@ -86,17 +85,17 @@ def proxy_env(ctx: Context, units: list[Unit]) -> dict[str, str]:
     static = ctx.site.network.static_roster
     env = {} if static else {"EPD_PROXY_DISCOVER": "1"}
     consumers = _consumer_units(ctx, units)
-    if ctx.spec.encoder.connector == "mooncake" and consumers and not static:
+    if ctx.spec.encoder.pushes_embeddings and consumers and not static:
         # The proxy tells each encoder which consumer pod to push to: pod IP + the control port of its rank 0.
         # That port depends on the pod's TP size (DP replica d's rank 0 is ec_port + d*tp), and prefill pools
         # may differ in TP, so the proxy gets one size per consumer Service, in the order of the peers.
         env["EPD_PROXY_EC_PORT"] = str(ports.EC_CONTROL_PORT)
         env["EPD_PROXY_EC_TP_SIZE"] = ",".join(str(u.tensor_parallel_size) for u in consumers)
-    if transfer.uses_p2p_kv(ctx):
+    if ctx.spec.p2p_kv:
         # MooncakeConnector: the decode pulls from the prefill pod found through its bootstrap server.
         env["EPD_PROXY_KV_PROTOCOL"] = "mooncake"
         bootstrap = [
-            ctx.port(u.name, ports.BOOTSTRAP, ports.KV_BOOTSTRAP_PORT) for u in units if u.role == c.ROLE_PREFILL
+            ctx.port(u.name, ports.BOOTSTRAP, ports.KV_BOOTSTRAP_PORT) for u in units if u.role == Role.PREFILL
         ]
         env["EPD_PROXY_PREFILL_BOOTSTRAP_PORT"] = ",".join(str(p) for p in dict.fromkeys(bootstrap))
     return env

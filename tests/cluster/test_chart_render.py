@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from epd_connectors.config.bundle import Role
 from epd_operator import settings as operator_settings
 from epd_operator.api import constants as c
 from epd_operator.api.resource import OperatorDefaults, Owner, parse_spec
@@ -287,11 +288,11 @@ def test_deployment_chart_renders_a_spec_the_operator_accepts(tmp_path: pathlib.
     spec = rendered_spec(tmp_path, *values)
     desired = render_desired(Owner("my-model", NS, "uid"), parse_spec(spec), OperatorDefaults())
     roles = {w.role for w in desired.workloads}
-    assert {c.ROLE_ENCODER, c.ROLE_PROXY} <= roles
+    assert {Role.ENCODER, Role.PROXY} <= roles
     if "store.protocol=tcp" in values:
-        assert {c.ROLE_MASTER, c.ROLE_STORE_CLIENT} <= roles
+        assert {Role.MASTER, Role.STORE_CLIENT} <= roles
     if any("prefill=" in v for v in values):
-        assert c.ROLE_PREFILL in roles
+        assert Role.PREFILL in roles
 
 
 def test_deployment_chart_refuses_a_misspelt_value(tmp_path: pathlib.Path) -> None:

@@ -37,6 +37,7 @@ import pytest
 import yaml
 from kubernetes import client, config
 
+from epd_connectors.config.bundle import Role
 from epd_operator.api import constants as c
 from epd_testenv import cluster, components, layout
 from tests.cluster.operator_fixtures import (
@@ -268,7 +269,7 @@ def _local_path(value: str, mounts: dict[str, pathlib.Path]) -> str:
 def launch_as_rendered(kube: Kube, kubeconfig: pathlib.Path, ns: str, deployment: str, tmp: pathlib.Path) -> Proxy:
     """Run the proxy Deployment's container here: its command and env, its ConfigMap volumes as folders, its
     ServiceAccount's token as the only credentials. The test adds its listener, no probing and KUBECONFIG."""
-    workload = kube.get(f"/apis/apps/v1/namespaces/{ns}/deployments/{deployment}-{c.ROLE_PROXY}")
+    workload = kube.get(f"/apis/apps/v1/namespaces/{ns}/deployments/{deployment}-{Role.PROXY}")
     pod = workload["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     account = pod["serviceAccountName"]
@@ -404,12 +405,12 @@ def test_without_its_rolebinding_the_proxy_is_refused_and_recovers(
     says why; once the binding is back it fills its roster without a restart. A running operator restores a
     deleted binding at once (test_operator_children), so it is stopped meanwhile, and its restart restores it."""
     ns, name = served.ns, served.main
-    path = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings/{name}-{c.ROLE_PROXY}"
+    path = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings/{name}-{Role.PROXY}"
     operator.stop()
     try:
         admin.request("DELETE", path)
         with proxy_of(admin, slices_cluster.kubeconfig, ns, name, tmp_path) as proxy:
-            who = f"system:serviceaccount:{ns}:{name}-{c.ROLE_PROXY}"
+            who = f"system:serviceaccount:{ns}:{name}-{Role.PROXY}"
             eventually(
                 "the proxy logging that the API server refused its account the EndpointSlices",
                 lambda: any(

@@ -187,11 +187,11 @@ def test_plugin_patches_only_the_v1_runner_and_nothing_under_the_v2_runner(e2e_p
     script = textwrap.dedent(
         """
         import os, sys
-        from epd_connectors.vllm_plugins import ec_idle_load as plugin
+        from epd_connectors.vllm_plugins import _patching, ec_idle_load as plugin
         marker = plugin.PATCHED_ATTRIBUTE
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
         plugin.register()
-        hooked = any(type(f).__name__ == "_PatchOnImport" for f in sys.meta_path)
+        hooked = any(isinstance(f, _patching.PatchOnImport) for f in sys.meta_path)
         from vllm.v1.worker import gpu_model_runner as v1
         from vllm.v1.worker.gpu import model_runner as v2
         v1_original = v1.GPUModelRunner.execute_model

@@ -14,8 +14,9 @@ from typing import Any
 import aiohttp
 import uvicorn
 
+from epd_connectors.config.bundle import Role
 from epd_connectors.proxy.app import ProxyApp
-from epd_connectors.proxy.roster import InstanceSpec, ProxyRole, Roster
+from epd_connectors.proxy.roster import InstanceSpec, Roster
 from epd_connectors.proxy.settings import Limits, ProxyOptions, Timeouts
 
 FAST = ProxyOptions(
@@ -28,7 +29,7 @@ def run(main: Callable[[], Awaitable[None]]) -> None:
     asyncio.run(asyncio.wait_for(main(), 60))
 
 
-def roster_of(roles: Mapping[ProxyRole, Sequence[Any]], **extra: Mapping[str, InstanceSpec]) -> Roster:
+def roster_of(roles: Mapping[Role, Sequence[Any]], **extra: Mapping[str, InstanceSpec]) -> Roster:
     """A roster of stand-ins (or URLs); instances start healthy (the prober confirms them)."""
     specs = {
         role: [s if isinstance(s, InstanceSpec) else InstanceSpec(getattr(s, "url", s)) for s in members]

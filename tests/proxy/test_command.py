@@ -13,7 +13,6 @@ import pytest
 from epd_connectors.config.bundle import Endpoint, Peers, PrefillEndpoint, ProxySettings, Role, RoleBundle
 from epd_connectors.proxy import cli
 from epd_connectors.proxy.local import local_proxy
-from epd_connectors.proxy.roster import ProxyRole
 from tests.proxy.harness import post_json, run
 from tests.proxy.stand_ins import StandIn, running
 
@@ -67,13 +66,13 @@ def test_the_bundle_gives_listener_roster_and_affinity(tmp_path: Path) -> None:
     app, host, port, _ = cli.build(["--bundle", str(path), "--prefill-bootstrap-port", "8998"])
     assert (host, port) == ("127.0.0.1", 9123)
     assert not app.options.encoder_affinity
-    assert app.roster.roles == {ProxyRole.ENCODER, ProxyRole.PREFILL, ProxyRole.DECODE}
-    prefill = app.roster.instances(ProxyRole.PREFILL)[0].spec
+    assert app.roster.roles == {Role.ENCODER, Role.PREFILL, Role.DECODE}
+    prefill = app.roster.instances(Role.PREFILL)[0].spec
     assert prefill.ec_addresses == ("tcp://demo-prefill:14579",)
     assert prefill.bootstrap_url == "http://demo-prefill:8998"
     with pytest.raises(SystemExit, match="no decode or pd"):
         cli.build(["--encoder", "http://e:1"])
-    assert urlsplit(app.roster.instances(ProxyRole.DECODE)[0].url).hostname == "demo-decode"
+    assert urlsplit(app.roster.instances(Role.DECODE)[0].url).hostname == "demo-decode"
 
 
 def test_flags_can_come_from_the_environment() -> None:
@@ -85,13 +84,13 @@ def test_flags_can_come_from_the_environment() -> None:
         "EPD_PROXY_RETRIES": "5",
     }
     app, _, _, _ = cli.build([], environ)
-    assert [i.url for i in app.roster.instances(ProxyRole.PD)] == ["http://p0:8000", "http://p1:8000"]
+    assert [i.url for i in app.roster.instances(Role.PD)] == ["http://p0:8000", "http://p1:8000"]
     assert app.options.kv_protocol.value == "mooncake"
     assert not app.options.encoder_affinity and app.options.limits.retries == 5
     app, _, _, _ = cli.build(["--retries", "1"], environ)
     assert app.options.limits.retries == 1, "the command line wins"
     app, _, _, _ = cli.build(["--pd", "http://p2:8000", "--pd", "http://p3:8000"], environ)
-    urls = [i.url for i in app.roster.instances(ProxyRole.PD)]
+    urls = [i.url for i in app.roster.instances(Role.PD)]
     assert urls == ["http://p2:8000", "http://p3:8000"], "a repeated flag on the command line replaces the env's list"
     app, _, _, _ = cli.build([], environ)
-    assert len(app.roster.instances(ProxyRole.PD)) == 2, "the env's list is not changed by an earlier parse"
+    assert len(app.roster.instances(Role.PD)) == 2, "the env's list is not changed by an earlier parse"

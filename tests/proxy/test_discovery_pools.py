@@ -29,7 +29,7 @@ from epd_connectors.proxy import cli
 from epd_connectors.proxy.app import ProxyApp
 from epd_connectors.proxy.discovery import kubernetes_discovery, union
 from epd_connectors.proxy.discovery_slices import RoleWatch
-from epd_connectors.proxy.roster import InstanceSpec, ProxyRole, Roster
+from epd_connectors.proxy.roster import InstanceSpec, Roster
 from epd_connectors.proxy.static import watches_from_peers
 from tests.proxy.harness import FAST, run
 from tests.proxy.kube_stand_in import StandInKubernetes, slice_
@@ -52,7 +52,7 @@ def peers(tp: tuple[int, int] | None = None, dp: int = 1, bootstrap: tuple[int, 
 
 
 PEERS = peers()
-ROLES = (ProxyRole.ENCODER, ProxyRole.PREFILL, ProxyRole.DECODE)
+ROLES = (Role.ENCODER, Role.PREFILL, Role.DECODE)
 
 
 def control_addresses(ip: str, tp: int, dp: int) -> tuple[str, ...]:
@@ -91,7 +91,7 @@ def discover(kube: StandInKubernetes, watches: Sequence[RoleWatch], check: Calla
     run(main)
 
 
-def urls(roster: Roster, role: ProxyRole) -> list[str]:
+def urls(roster: Roster, role: Role) -> list[str]:
     return [i.url for i in roster.instances(role)]
 
 
@@ -100,11 +100,9 @@ def test_every_prefill_pool_reaches_the_roster_with_its_own_ec_addresses() -> No
     pool's events (a pod added) must not drop the first pool's pods, nor the first pool's (a pod unready)
     the second's."""
     watches = watches_from_peers(peers(tp=(1, 2), dp=2, bootstrap=(8998, 8998)))
-    assert [
-        (w.role, w.service, w.ec and w.ec.tensor_parallel_size) for w in watches if w.role is ProxyRole.PREFILL
-    ] == [
-        (ProxyRole.PREFILL, "vl-prefill", 1),
-        (ProxyRole.PREFILL, "vl-prefill-tp2", 2),
+    assert [(w.role, w.service, w.ec and w.ec.tensor_parallel_size) for w in watches if w.role is Role.PREFILL] == [
+        (Role.PREFILL, "vl-prefill", 1),
+        (Role.PREFILL, "vl-prefill-tp2", 2),
     ]
     kube = StandInKubernetes(
         listed=[
@@ -126,13 +124,13 @@ def test_every_prefill_pool_reaches_the_roster_with_its_own_ec_addresses() -> No
     assert want["http://10.0.2.1:8000"] == ("tcp://10.0.2.1:14579", "tcp://10.0.2.1:14581")
 
     def check(roster: Roster) -> None:
-        prefill = {i.url: i.spec for i in roster.instances(ProxyRole.PREFILL)}
+        prefill = {i.url: i.spec for i in roster.instances(Role.PREFILL)}
         assert {url: spec.ec_addresses for url, spec in prefill.items()} == want
         assert {spec.bootstrap_url for spec in prefill.values()} == {
             f"http://{u.removeprefix('http://').split(':')[0]}:8998" for u in want
         }
-        assert urls(roster, ProxyRole.ENCODER) == ["http://10.0.0.1:8000"]
-        assert urls(roster, ProxyRole.DECODE) == ["http://10.0.3.1:8000"]
+        assert urls(roster, Role.ENCODER) == ["http://10.0.0.1:8000"]
+        assert urls(roster, Role.DECODE) == ["http://10.0.3.1:8000"]
         assert roster.ready()
 
     discover(kube, watches, check)
@@ -151,7 +149,7 @@ def test_a_pool_without_pods_leaves_the_other_pools_in_the_roster() -> None:
     )
 
     def check(roster: Roster) -> None:
-        assert urls(roster, ProxyRole.PREFILL) == ["http://10.0.1.1:8000"]
+        assert urls(roster, Role.PREFILL) == ["http://10.0.1.1:8000"]
         assert kube.lists == {s: 1 for s in ("vl-encoder", "vl-prefill", "vl-prefill-tp2", "vl-decode")}
 
     discover(kube, watches, check)
@@ -166,12 +164,12 @@ def test_union_sorts_and_keeps_a_pod_in_two_services_once_as_the_first_gives_it(
 
 def test_each_service_gets_its_own_endpoints_settings_and_no_other_role_any() -> None:
     watches = watches_from_peers(peers(tp=(4, 2), bootstrap=(8998, 8999)))
-    prefill = [w for w in watches if w.role is ProxyRole.PREFILL]
+    prefill = [w for w in watches if w.role is Role.PREFILL]
     assert [(w.ec, w.bootstrap_port) for w in prefill] == [
         (ECControl(port=EC_PORT, tensor_parallel_size=4), 8998),
         (ECControl(port=EC_PORT, tensor_parallel_size=2), 8999),
     ]
-    others = [w for w in watches if w.role is not ProxyRole.PREFILL]
+    others = [w for w in watches if w.role is not Role.PREFILL]
     assert all(w.ec is None and w.bootstrap_port is None for w in others)
 
 
@@ -183,7 +181,7 @@ def test_the_command_takes_per_service_sizes_from_the_bundle(tmp_path: Path) -> 
     bundle = RoleBundle(deployment="vl", namespace="ns", role=Role.PROXY, proxy=settings, peers=peers(tp=(1, 2)))
     path.write_text(bundle.to_json())
     watches = watches_from_peers(bundle.peers)
-    assert [w.ec.tensor_parallel_size for w in watches if w.role is ProxyRole.PREFILL and w.ec] == [1, 2]
+    assert [w.ec.tensor_parallel_size for w in watches if w.role is Role.PREFILL and w.ec] == [1, 2]
     app, *_ = cli.build(["--bundle", str(path)], {})
     assert app.roster.roles == frozenset(ROLES)
     assert not any(app.roster.instances(role) for role in ROLES), "members come from the EndpointSlices"

@@ -12,11 +12,12 @@ import logging
 
 import pytest
 
+from epd_connectors.config.bundle import Role
 from epd_connectors.proxy import discovery
 from epd_connectors.proxy.app import ProxyApp
 from epd_connectors.proxy.discovery import Failures, kubernetes_discovery
 from epd_connectors.proxy.discovery_slices import RoleWatch
-from epd_connectors.proxy.roster import ProxyRole, Roster
+from epd_connectors.proxy.roster import Roster
 from tests.proxy.harness import FAST, run
 from tests.proxy.kube_stand_in import ApiError, StandInKubernetes, forbidden, slice_
 
@@ -36,16 +37,16 @@ def test_a_refused_proxy_logs_one_line_per_attempt_and_fills_its_roster_once_all
         listed=[slice_("pd-a", "vl-pd", ("10.0.1.1", True))],
         failures={"vl-pd": [forbidden("ns", ACCOUNT), forbidden("ns", ACCOUNT), forbidden("ns", ACCOUNT)]},
     )
-    roster = Roster.build({ProxyRole.PD: []})
+    roster = Roster.build({Role.PD: []})
     lists: dict[str, int] = {}
 
     async def main() -> None:
-        watches = [RoleWatch(ProxyRole.PD, "vl-pd", port=8000)]
+        watches = [RoleWatch(Role.PD, "vl-pd", port=8000)]
         app = ProxyApp(roster, FAST, discovery=kubernetes_discovery("ns", watches, client_loader=lambda: kube))
         await app.startup()
         try:
             for _ in range(300):
-                if roster.instances(ProxyRole.PD):
+                if roster.instances(Role.PD):
                     break
                 await asyncio.sleep(0.01)
             lists.update(kube.lists)
@@ -55,7 +56,7 @@ def test_a_refused_proxy_logs_one_line_per_attempt_and_fills_its_roster_once_all
 
     with caplog.at_level(logging.INFO, logger=WHAT):
         run(main)
-    assert [i.url for i in roster.instances(ProxyRole.PD)] == ["http://10.0.1.1:8000"], "recovered, no restart"
+    assert [i.url for i in roster.instances(Role.PD)] == ["http://10.0.1.1:8000"], "recovered, no restart"
     assert lists == {"vl-pd": 4}, "three refusals, then the list that filled the roster"
     refused = records(caplog)
     assert len(refused) == 3

@@ -9,10 +9,11 @@ from typing import Any
 
 import aiohttp
 
+from epd_connectors.config.bundle import Role
 from epd_connectors.proxy.app import ProxyApp
 from epd_connectors.proxy.flow import DP_RANK_HEADER
 from epd_connectors.proxy.media import find_media
-from epd_connectors.proxy.roster import InstanceSpec, ProxyRole
+from epd_connectors.proxy.roster import InstanceSpec
 from epd_connectors.proxy.routing import preference
 from epd_connectors.proxy.settings import Limits, ProxyOptions
 from tests.proxy.harness import FAST, roster_of, run, serving
@@ -44,7 +45,7 @@ def test_only_items_the_encoder_reported_metadata_for_are_rewritten() -> None:
         skipped = find_media(body)[1].uuid
         enc, pd = StandIn("e0", role="encoder", no_metadata={skipped}), StandIn("pd0")
         async with running(enc, pd):
-            app = ProxyApp(roster_of({ProxyRole.ENCODER: [enc], ProxyRole.PD: [pd]}), FAST)
+            app = ProxyApp(roster_of({Role.ENCODER: [enc], Role.PD: [pd]}), FAST)
             async with serving(app) as url, aiohttp.ClientSession() as session:
                 status, text = await post(session, url, body)
                 metrics = await (await session.get(url + "/metrics")).text()
@@ -65,7 +66,7 @@ def test_text_only_requests_skip_the_encoders() -> None:
     async def main() -> None:
         enc, pd = StandIn("e0", role="encoder"), StandIn("pd0")
         async with running(enc, pd):
-            app = ProxyApp(roster_of({ProxyRole.ENCODER: [enc], ProxyRole.PD: [pd]}), FAST)
+            app = ProxyApp(roster_of({Role.ENCODER: [enc], Role.PD: [pd]}), FAST)
             async with serving(app) as url, aiohttp.ClientSession() as session:
                 status, _ = await post(session, url, chat())
         assert status == 200 and enc.requests == [] and len(pd.requests) == 1
@@ -81,7 +82,7 @@ def test_a_repeated_image_meets_the_same_encoder_and_fails_over_in_its_order() -
         encoders = [StandIn(f"e{i}", role="encoder") for i in range(3)]
         pd = StandIn("pd0")
         async with running(*encoders, pd):
-            app = ProxyApp(roster_of({ProxyRole.ENCODER: encoders, ProxyRole.PD: [pd]}), FAST)
+            app = ProxyApp(roster_of({Role.ENCODER: encoders, Role.PD: [pd]}), FAST)
             uuid = find_media(chat("data:cat"))[0].uuid
             order = preference(uuid, [e.url for e in encoders])
             by_url = {e.url: e for e in encoders}
@@ -95,7 +96,7 @@ def test_a_repeated_image_meets_the_same_encoder_and_fails_over_in_its_order() -
                 metrics = await (await session.get(url + "/metrics")).text()
         assert 'epd_proxy_encoder_affinity_total{result="hit"} 4.0' in metrics  # routing chose well; it failed after
         assert f'epd_proxy_retries_total{{instance="{order[0]}",role="encoder"}} 1.0' in metrics
-        first = app.roster.get(ProxyRole.ENCODER, order[0])
+        first = app.roster.get(Role.ENCODER, order[0])
         assert first is not None and not first.healthy, "an unreachable encoder leaves routing"
 
     run(main)
@@ -112,7 +113,7 @@ def test_an_encoder_5xx_is_retried_on_the_next_encoder() -> None:
             first = preference(uuid, [e.url for e in encoders])[0]
             failing = next(e for e in encoders if e.url == first)
             failing.statuses = [500]
-            app = ProxyApp(roster_of({ProxyRole.ENCODER: encoders, ProxyRole.PD: [pd]}), FAST)
+            app = ProxyApp(roster_of({Role.ENCODER: encoders, Role.PD: [pd]}), FAST)
             async with serving(app) as url, aiohttp.ClientSession() as session:
                 status, _ = await post(session, url, chat("data:x"))
         assert status == 200
@@ -128,7 +129,7 @@ def test_all_encoders_down_is_a_clear_error() -> None:
     async def main() -> None:
         pd = StandIn("pd0")
         async with running(pd):
-            roster = roster_of({ProxyRole.ENCODER: [dead_url()], ProxyRole.PD: [pd]})
+            roster = roster_of({Role.ENCODER: [dead_url()], Role.PD: [pd]})
             app = ProxyApp(roster, FAST, probe=False)
             async with serving(app) as url, aiohttp.ClientSession() as session:
                 status, text = await post(session, url, chat("data:x"))
@@ -147,7 +148,7 @@ def test_items_are_batched_per_encoder_with_a_cap_and_sent_concurrently() -> Non
         enc, pd = StandIn("e0", role="encoder", delay_s=0.3), StandIn("pd0")
         options = ProxyOptions(timeouts=FAST.timeouts, limits=Limits(encoder_batch_max=1, probe_interval_s=5))
         async with running(enc, pd):
-            app = ProxyApp(roster_of({ProxyRole.ENCODER: [enc], ProxyRole.PD: [pd]}), options)
+            app = ProxyApp(roster_of({Role.ENCODER: [enc], Role.PD: [pd]}), options)
             async with serving(app) as url, aiohttp.ClientSession() as session:
                 started = time.perf_counter()
                 status, _ = await post(session, url, chat(*(f"data:{i}" for i in range(5))))
@@ -167,7 +168,7 @@ def test_push_connector_gets_the_consumer_replica_address_and_the_rank_header() 
         enc, pd = StandIn("e0", role="encoder"), StandIn("pd0")
         async with running(enc, pd):
             spec = InstanceSpec(pd.url, ("tcp://10.1.0.5:14579", "tcp://10.1.0.5:14580"))
-            app = ProxyApp(roster_of({ProxyRole.ENCODER: [enc], ProxyRole.PD: [spec]}), FAST)
+            app = ProxyApp(roster_of({Role.ENCODER: [enc], Role.PD: [spec]}), FAST)
             async with serving(app) as url, aiohttp.ClientSession() as session:
                 for i in range(2):
                     assert (await post(session, url, chat(f"data:{i}")))[0] == 200
@@ -188,7 +189,7 @@ def test_least_outstanding_spreads_concurrent_requests() -> None:
     async def main() -> None:
         pds = [StandIn(f"pd{i}", delay_s=0.3) for i in range(2)]
         async with running(*pds):
-            app = ProxyApp(roster_of({ProxyRole.PD: pds}), FAST)
+            app = ProxyApp(roster_of({Role.PD: pds}), FAST)
             async with serving(app) as url, aiohttp.ClientSession() as session:
                 results = await asyncio.gather(*(post(session, url, chat()) for _ in range(2)))
         assert [r[0] for r in results] == [200, 200]
@@ -205,7 +206,7 @@ def test_without_affinity_media_spread_by_load() -> None:
         pd = StandIn("pd0")
         options = ProxyOptions(timeouts=FAST.timeouts, limits=FAST.limits, encoder_affinity=False)
         async with running(*encoders, pd):
-            app = ProxyApp(roster_of({ProxyRole.ENCODER: encoders, ProxyRole.PD: [pd]}), options)
+            app = ProxyApp(roster_of({Role.ENCODER: encoders, Role.PD: [pd]}), options)
             async with serving(app) as url, aiohttp.ClientSession() as session:
                 for _ in range(4):
                     assert (await post(session, url, chat("data:same")))[0] == 200
@@ -223,7 +224,7 @@ def test_concurrent_media_requests_spread_over_consumers_while_encoding() -> Non
         enc = StandIn("e0", role="encoder", delay_s=0.3)
         pds = [StandIn("pd0"), StandIn("pd1")]
         async with running(enc, *pds):
-            app = ProxyApp(roster_of({ProxyRole.ENCODER: [enc], ProxyRole.PD: pds}), FAST)
+            app = ProxyApp(roster_of({Role.ENCODER: [enc], Role.PD: pds}), FAST)
             async with serving(app) as url, aiohttp.ClientSession() as session:
                 results = await asyncio.gather(*(post(session, url, chat(f"data:{i}")) for i in range(4)))
         assert [r[0] for r in results] == [200] * 4

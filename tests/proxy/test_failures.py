@@ -10,9 +10,8 @@ from typing import Any
 
 import aiohttp
 
-from epd_connectors.config.bundle import PROXY_LIVENESS_PATH
+from epd_connectors.config.bundle import PROXY_LIVENESS_PATH, Role
 from epd_connectors.proxy.app import ProxyApp
-from epd_connectors.proxy.roster import ProxyRole
 from epd_connectors.proxy.settings import Limits, ProxyOptions, Timeouts
 from tests.proxy.harness import FAST, post_json, roster_of, run, serving
 from tests.proxy.stand_ins import StandIn, running
@@ -34,7 +33,7 @@ def test_5xx_before_the_first_byte_is_retried_on_another_instance() -> None:
     async def main() -> None:
         pds = [StandIn("pd0", statuses=[500, 500]), StandIn("pd1")]
         async with running(*pds):
-            app = ProxyApp(roster_of({ProxyRole.PD: pds}), FAST)
+            app = ProxyApp(roster_of({Role.PD: pds}), FAST)
             async with serving(app) as url, aiohttp.ClientSession() as session:
                 for stream in (False, True, False, True):
                     async with session.post(url + "/v1/chat/completions", json=chat(stream)) as r:
@@ -55,12 +54,12 @@ def test_connect_errors_are_retried_and_the_dead_instance_is_evicted() -> None:
         live = StandIn("pd1")
         async with running(live):
             dead = dead_url()
-            app = ProxyApp(roster_of({ProxyRole.PD: [dead, live]}), FAST, probe=False)
+            app = ProxyApp(roster_of({Role.PD: [dead, live]}), FAST, probe=False)
             async with serving(app) as url, aiohttp.ClientSession() as session:
                 for _ in range(3):
                     async with session.post(url + "/v1/chat/completions", json=chat()) as r:
                         assert r.status == 200
-        instance = app.roster.get(ProxyRole.PD, dead)
+        instance = app.roster.get(Role.PD, dead)
         assert instance is not None and not instance.healthy
         assert len(live.requests) == 3
 
@@ -74,7 +73,7 @@ def test_retries_are_bounded() -> None:
         pds = [StandIn(f"pd{i}", statuses=[500] * 5) for i in range(4)]
         options = ProxyOptions(timeouts=FAST.timeouts, limits=Limits(retries=1, probe_interval_s=5))
         async with running(*pds):
-            app = ProxyApp(roster_of({ProxyRole.PD: pds}), options)
+            app = ProxyApp(roster_of({Role.PD: pds}), options)
             async with serving(app) as url, aiohttp.ClientSession() as session:
                 status, body = await post_json(session, url + "/v1/chat/completions", chat())
         assert sum(len(p.requests) for p in pds) == 2
@@ -93,7 +92,7 @@ def test_a_failure_mid_stream_ends_the_stream_with_an_error_event() -> None:
     async def main() -> None:
         pd = StandIn("pd0", chunks=5, cut_after=1)
         async with running(pd):
-            app = ProxyApp(roster_of({ProxyRole.PD: [pd]}), FAST)
+            app = ProxyApp(roster_of({Role.PD: [pd]}), FAST)
             async with serving(app) as url, aiohttp.ClientSession() as session:
                 async with session.post(url + "/v1/chat/completions", json=chat(True)) as r:
                     status, text = r.status, await r.text()
@@ -115,7 +114,7 @@ def test_a_client_that_disconnects_cancels_its_backend_request() -> None:
     async def main() -> None:
         pd = StandIn("pd0", delay_s=5)
         async with running(pd):
-            app = ProxyApp(roster_of({ProxyRole.PD: [pd]}), FAST)
+            app = ProxyApp(roster_of({Role.PD: [pd]}), FAST)
             async with serving(app) as url, aiohttp.ClientSession() as session:
                 try:
                     async with asyncio.timeout(0.3):
@@ -144,7 +143,7 @@ def test_malformed_requests_get_400_with_a_message() -> None:
     async def main() -> None:
         pd = StandIn("pd0")
         async with running(pd):
-            app = ProxyApp(roster_of({ProxyRole.PD: [pd]}), FAST)
+            app = ProxyApp(roster_of({Role.PD: [pd]}), FAST)
             async with serving(app) as url, aiohttp.ClientSession() as session:
                 cases: list[tuple[str, bytes]] = [
                     ("/v1/chat/completions", b"{not json"),
@@ -176,7 +175,7 @@ def test_no_healthy_instance_is_503_and_health_says_which_role() -> None:
         pd = StandIn("pd0", health=503)
         options = ProxyOptions(timeouts=FAST.timeouts, limits=Limits(probe_interval_s=0.05, evict_after=1))
         async with running(pd):
-            app = ProxyApp(roster_of({ProxyRole.PD: [pd]}), options)
+            app = ProxyApp(roster_of({Role.PD: [pd]}), options)
             async with serving(app) as url, aiohttp.ClientSession() as session:
                 status, body = await post_json(session, url + "/v1/chat/completions", chat())
                 async with session.get(url + "/health") as r:
@@ -202,7 +201,7 @@ def test_a_4xx_from_the_backend_is_passed_through_not_retried() -> None:
     async def main() -> None:
         pds = [StandIn("pd0", statuses=[400]), StandIn("pd1", statuses=[400])]
         async with running(*pds):
-            app = ProxyApp(roster_of({ProxyRole.PD: pds}), FAST)
+            app = ProxyApp(roster_of({Role.PD: pds}), FAST)
             async with serving(app) as url, aiohttp.ClientSession() as session:
                 status, body = await post_json(session, url + "/v1/chat/completions", chat())
         assert status == 400 and "says 400" in body["error"]["message"]
@@ -221,7 +220,7 @@ def test_first_token_timeout_moves_on_then_gives_504() -> None:
             limits=Limits(retries=1, probe_interval_s=5),
         )
         async with running(*pds):
-            app = ProxyApp(roster_of({ProxyRole.PD: pds}), options)
+            app = ProxyApp(roster_of({Role.PD: pds}), options)
             async with serving(app) as url, aiohttp.ClientSession() as session:
                 status, body = await post_json(session, url + "/v1/chat/completions", chat())
         assert status == 504 and body["error"]["type"] == "timeout"

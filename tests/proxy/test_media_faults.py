@@ -13,8 +13,8 @@ from typing import Any
 
 import aiohttp
 
+from epd_connectors.config.bundle import Role
 from epd_connectors.proxy.app import ProxyApp
-from epd_connectors.proxy.roster import ProxyRole
 from tests.proxy.harness import FAST, post_json, roster_of, run
 from tests.proxy.harness import serving as serving_app
 from tests.proxy.stand_ins import StandIn, running
@@ -36,7 +36,7 @@ async def ask(encoders: list[Any], body: dict[str, Any]) -> tuple[int, dict[str,
     pd = StandIn("pd0")
     stand_ins = [e for e in encoders if isinstance(e, StandIn)]
     async with running(*stand_ins, pd):
-        app = ProxyApp(roster_of({ProxyRole.ENCODER: encoders, ProxyRole.PD: [pd]}), FAST, probe=False)
+        app = ProxyApp(roster_of({Role.ENCODER: encoders, Role.PD: [pd]}), FAST, probe=False)
         async with serving_app(app) as url, aiohttp.ClientSession() as session:
             status, answer = await post_json(session, url + "/v1/chat/completions", body)
     return status, answer, pd

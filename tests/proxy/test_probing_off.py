@@ -11,8 +11,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from epd_connectors.config.bundle import Role
 from epd_connectors.proxy import cli
-from epd_connectors.proxy.roster import ProxyRole
 from epd_connectors.proxy.settings import Limits
 from tests.proxy.harness import FAST, post_json, run, serving
 from tests.proxy.stand_ins import StandIn, running
@@ -35,9 +35,9 @@ def test_a_zero_interval_means_no_probing_and_members_start_healthy() -> None:
     assert Limits().probing and not Limits(probe_interval_s=0).probing
     app, _, _, _ = cli.build(["--pd", "http://p0:8000"], {"EPD_PROXY_PROBE_INTERVAL": "0"})
     assert not app.options.limits.probing
-    assert [i.healthy for i in app.roster.instances(ProxyRole.PD)] == [True], "no probe will admit it"
+    assert [i.healthy for i in app.roster.instances(Role.PD)] == [True], "no probe will admit it"
     app, _, _, _ = cli.build(["--pd", "http://p0:8000"], {})
-    assert [i.healthy for i in app.roster.instances(ProxyRole.PD)] == [False], "probing: the first probe admits"
+    assert [i.healthy for i in app.roster.instances(Role.PD)] == [False], "probing: the first probe admits"
 
 
 def test_the_proxy_sends_no_probe_when_probing_is_off() -> None:

@@ -7,10 +7,10 @@ from typing import Any
 
 import aiohttp
 
-from epd_connectors.config.bundle import KVProtocol
+from epd_connectors.config.bundle import KVProtocol, Role
 from epd_connectors.proxy.app import ProxyApp
 from epd_connectors.proxy.media import find_media
-from epd_connectors.proxy.roster import InstanceSpec, ProxyRole
+from epd_connectors.proxy.roster import InstanceSpec
 from epd_connectors.proxy.settings import ProxyOptions
 from tests.proxy.harness import FAST, post_json, roster_of, run, serving
 from tests.proxy.stand_ins import StandIn, running
@@ -30,7 +30,7 @@ def test_e_p_d_with_mooncake_connector_names_both_sides_with_one_transfer() -> N
         enc, prefill, decode = StandIn("e0", role="encoder"), StandIn("p0"), StandIn("d0")
         async with running(enc, prefill, decode):
             spec = InstanceSpec(prefill.url, ("tcp://127.0.0.1:14579",), bootstrap_url=prefill.url)
-            roster = roster_of({ProxyRole.ENCODER: [enc], ProxyRole.PREFILL: [spec], ProxyRole.DECODE: [decode]})
+            roster = roster_of({Role.ENCODER: [enc], Role.PREFILL: [spec], Role.DECODE: [decode]})
             app = ProxyApp(roster, MOONCAKE)
             async with serving(app) as url, aiohttp.ClientSession() as session:
                 for stream in (False, True):
@@ -77,7 +77,7 @@ def test_passive_kv_decode_follows_the_prefill_and_a_failed_decode_moves_on() ->
     async def main() -> None:
         prefill, decodes = StandIn("p0"), [StandIn("d0", statuses=[503]), StandIn("d1")]
         async with running(prefill, *decodes):
-            roster = roster_of({ProxyRole.PREFILL: [prefill], ProxyRole.DECODE: decodes})
+            roster = roster_of({Role.PREFILL: [prefill], Role.DECODE: decodes})
             app = ProxyApp(roster, FAST)
             async with serving(app) as url, aiohttp.ClientSession() as session:
                 answers = [await post_json(session, url + "/v1/completions", {"prompt": "hi"}) for _ in range(2)]
@@ -96,7 +96,7 @@ def test_prefill_down_gives_a_clear_5xx() -> None:
     async def main() -> None:
         prefill, decode = StandIn("p0", statuses=[500] * 5), StandIn("d0")
         async with running(prefill, decode):
-            app = ProxyApp(roster_of({ProxyRole.PREFILL: [prefill], ProxyRole.DECODE: [decode]}), FAST)
+            app = ProxyApp(roster_of({Role.PREFILL: [prefill], Role.DECODE: [decode]}), FAST)
             async with serving(app) as url, aiohttp.ClientSession() as session:
                 status, body = await post_json(session, url + "/v1/completions", {"prompt": "hi"})
         assert status == 502 and "prefill" in body["error"]["message"]
@@ -111,7 +111,7 @@ def test_models_and_unknown_routes() -> None:
     async def main() -> None:
         pd = StandIn("pd0")
         async with running(pd):
-            app = ProxyApp(roster_of({ProxyRole.PD: [pd]}), FAST)
+            app = ProxyApp(roster_of({Role.PD: [pd]}), FAST)
             async with serving(app) as url, aiohttp.ClientSession() as session:
                 async with session.get(url + "/v1/models") as r:
                     models = await r.json()

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from epd_connectors.config.bundle import Role
 from epd_operator import _kube
 from epd_operator.api import constants as c
 from epd_operator.api.status import Condition, EPDDeploymentStatus, Phase, RoleStatus
@@ -21,25 +22,25 @@ from epd_operator.render import Derived, RoleWorkload
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 
-STATUS_KEYS = {c.ROLE_STORE_CLIENT: "storeClients"}
+STATUS_KEYS: dict[str, str] = {Role.STORE_CLIENT: "storeClients"}
 """status.roles keys that differ from the role label (camelCase, as everywhere in the API)."""
 
 ROLE_CONDITIONS: tuple[tuple[str, tuple[str, ...], str], ...] = (
-    (c.COND_STORE_READY, (c.ROLE_MASTER, c.ROLE_STORE_CLIENT), "no spec.store: this deployment uses no store"),
-    (c.COND_ENCODERS_READY, (c.ROLE_ENCODER,), "no encoders"),
-    (c.COND_PREFILL_READY, (c.ROLE_PREFILL,), "no spec.prefill: decode runs combined prefill+decode (PD)"),
-    (c.COND_DECODE_READY, (c.ROLE_DECODE, c.ROLE_PD), "no decode"),
-    (c.COND_PROXY_READY, (c.ROLE_PROXY,), "no proxy"),
+    (c.COND_STORE_READY, (Role.MASTER, Role.STORE_CLIENT), "no spec.store: this deployment uses no store"),
+    (c.COND_ENCODERS_READY, (Role.ENCODER,), "no encoders"),
+    (c.COND_PREFILL_READY, (Role.PREFILL,), "no spec.prefill: decode runs combined prefill+decode (PD)"),
+    (c.COND_DECODE_READY, (Role.DECODE, Role.PD), "no decode"),
+    (c.COND_PROXY_READY, (Role.PROXY,), "no proxy"),
 )
 """Each role condition, the roles it covers, and its message when the spec has none of them."""
 
 ROLES_READY_KEYS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    (c.ROLE_ENCODER, (c.ROLE_ENCODER,)),
-    (c.ROLE_PREFILL, (c.ROLE_PREFILL,)),
-    (c.ROLE_DECODE, (c.ROLE_DECODE,)),
-    (c.ROLE_PD, (c.ROLE_PD,)),
-    ("store", (c.ROLE_MASTER, c.ROLE_STORE_CLIENT)),
-    (c.ROLE_PROXY, (c.ROLE_PROXY,)),
+    (Role.ENCODER, (Role.ENCODER,)),
+    (Role.PREFILL, (Role.PREFILL,)),
+    (Role.DECODE, (Role.DECODE,)),
+    (Role.PD, (Role.PD,)),
+    ("store", (Role.MASTER, Role.STORE_CLIENT)),
+    (Role.PROXY, (Role.PROXY,)),
 )
 """status.rolesReady keys (read by the CRD's printer columns) and the roles each one sums."""
 

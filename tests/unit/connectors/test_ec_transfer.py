@@ -18,14 +18,13 @@ from epd_connectors.config.ec_transfer import (
     ECMooncakeConsumer,
     ECMooncakeProducer,
     ECTransferConfig,
-    check_consumer,
     check_ec_pair,
-    check_encoder,
     ec_consumer_addresses,
     ec_consumer_control_address,
     ec_consumer_ports,
     parse_ec_transfer_config,
 )
+from epd_connectors.config.transfer_rules import check_consumer, check_encoder
 from epd_connectors.config.vllm import VllmServerConfig
 
 pytestmark = pytest.mark.unit

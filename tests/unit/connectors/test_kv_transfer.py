@@ -18,10 +18,10 @@ from epd_connectors.config.kv_transfer import (
     MooncakeConnectorConfig,
     MooncakeStoreConnectorConfig,
     MultiConnectorConfig,
-    check_kv,
     parse_kv_transfer_config,
     store_tp_lcm,
 )
+from epd_connectors.config.transfer_rules import check_kv
 from epd_connectors.config.vllm import VllmServerConfig
 
 pytestmark = pytest.mark.unit

@@ -173,7 +173,7 @@ def test_policy_path_must_be_absolute() -> None:
 @pytest.mark.parametrize("port", [0, 65536, -1])
 def test_port_rule(field: str, port: int) -> None:
     msg = master_message(**{field: port})
-    assert msg == f"Value error, {field} = {port}: a TCP port is 1..65535. Fix: choose a free port in 1..65535"
+    assert msg == f"Value error, {field} = {port}: is not a TCP port. Fix: use a port in 1..65535"
 
 
 def test_port_collision_rule() -> None:

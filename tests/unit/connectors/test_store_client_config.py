@@ -108,7 +108,7 @@ def test_segment_rule() -> None:
 @pytest.mark.parametrize("field", ["port", "http_port"])
 def test_port_rule(field: str) -> None:
     msg = rule_message(**{field: 70000})
-    assert msg == f"Value error, {field} = 70000: a TCP port is 1..65535. Fix: choose a free port in 1..65535"
+    assert msg == f"Value error, {field} = 70000: is not a TCP port. Fix: use a port in 1..65535"
 
 
 def test_http_port_collision_rule() -> None:

@@ -20,17 +20,16 @@ from epd_connectors.config.bundle import Role, RoleBundle
 from epd_connectors.config.ec_transfer import ECMooncakeConsumer
 from epd_connectors.config.vllm import VllmServerConfig
 from epd_connectors.launch.plan import plan_launch
+from epd_connectors.vllm_plugins import _patching
 from epd_connectors.vllm_plugins import ec_idle_load as plugin
 from epd_connectors.vllm_plugins._patching import release_of
 from epd_connectors.vllm_plugins.ec_idle_load import (
     KNOWN_BUGGY_RELEASES,
     TOGGLE_ENV,
     V2_RUNNER_ENV,
-    Mode,
     _VllmParts,
     _wrap,
     decide,
-    parse_mode,
     should_run_idle_ec_section,
     v2_runner_requested,
 )
@@ -76,7 +75,7 @@ def test_applies_to_a_known_buggy_release_by_default(version: str) -> None:
 def test_does_not_apply_to_other_versions(version: str) -> None:
     decision = decide(version, {})
     assert not decision.apply
-    assert "not a release known to have the bug" in decision.reason
+    assert "not a release known to have the defect" in decision.reason
 
 
 @pytest.mark.parametrize("value", ["0", "off", "OFF", "false", "no", "disable", " 0 "])
@@ -111,14 +110,6 @@ def test_v2_runner_requested_reads_like_vllm() -> None:
     assert v2_runner_requested("1") is True
     assert v2_runner_requested("0") is False
     assert v2_runner_requested("yes") is True  # vLLM would fail on it; never patch then
-
-
-def test_parse_mode_warns_on_an_unknown_value_and_means_auto() -> None:
-    assert parse_mode(None) == (Mode.AUTO, None)
-    assert parse_mode("force") == (Mode.FORCE, None)
-    mode, warning = parse_mode("maybe")
-    assert mode is Mode.AUTO
-    assert warning is not None and TOGGLE_ENV in warning
 
 
 # --- on which steps the wrapper runs the EC section ------------------------------------------------------------
@@ -323,17 +314,16 @@ def test_the_import_hook_patches_the_runner_when_it_is_imported(
         "        return None\n"
     )
     name = "fakevllm.v1.worker.gpu_model_runner"
-    monkeypatch.setattr(plugin, "RUNNER_MODULE", name)
     monkeypatch.syspath_prepend(str(tmp_path))
     before = list(sys.meta_path)
     try:
-        plugin.arm()
-        plugin.arm()
-        hooks = [f for f in sys.meta_path if type(f).__name__ == "_PatchOnImport"]
+        _patching.arm(name, plugin.patch_runner_module)
+        _patching.arm(name, plugin.patch_runner_module)
+        hooks = [f for f in sys.meta_path if isinstance(f, _patching.PatchOnImport)]
         assert len(hooks) == 1, "arming twice installs one hook"
         module = __import__(name, fromlist=["GPUModelRunner"])
         assert getattr(module.GPUModelRunner.execute_model, plugin.PATCHED_ATTRIBUTE, False)
-        assert not [f for f in sys.meta_path if type(f).__name__ == "_PatchOnImport"], "the hook removes itself"
+        assert not [f for f in sys.meta_path if isinstance(f, _patching.PatchOnImport)], "the hook removes itself"
     finally:
         sys.meta_path[:] = before
         for loaded in [m for m in sys.modules if m == "fakevllm" or m.startswith("fakevllm.")]:
@@ -343,10 +333,9 @@ def test_the_import_hook_patches_the_runner_when_it_is_imported(
 @pytest.mark.usefixtures("fake_parts")
 def test_arm_patches_at_once_when_the_runner_is_already_imported(monkeypatch: pytest.MonkeyPatch) -> None:
     module = runner_module("fakevllm_loaded.gpu_model_runner")
-    monkeypatch.setattr(plugin, "RUNNER_MODULE", module.__name__)
     monkeypatch.setitem(sys.modules, module.__name__, module)
     before = list(sys.meta_path)
-    plugin.arm()
+    _patching.arm(module.__name__, plugin.patch_runner_module)
     assert sys.meta_path == before
     assert getattr(module.GPUModelRunner.execute_model, plugin.PATCHED_ATTRIBUTE, False)
 
@@ -373,8 +362,8 @@ def test_register_arms_only_when_the_decision_applies(
         monkeypatch.delenv(key, raising=False)
     for key, value in environ.items():
         monkeypatch.setenv(key, value)
-    calls: list[bool] = []
-    monkeypatch.setattr(plugin, "arm", lambda: calls.append(True))
+    calls: list[str] = []
+    monkeypatch.setattr(_patching, "arm", lambda name, patch: calls.append(name))
     plugin.register()
     assert bool(calls) is armed
 

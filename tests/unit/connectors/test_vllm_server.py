@@ -10,13 +10,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from epd_connectors.config.base import ConfigError
 from epd_connectors.config.ec_transfer import ECExampleConnectorConfig, ECMooncakeConsumer, ECMooncakeProducer
 from epd_connectors.config.kv_transfer import (
     ExampleKVConnectorConfig,
     MooncakeConnectorConfig,
     MooncakeStoreConnectorConfig,
 )
+from epd_connectors.config.transfer_rules import check_transfers
 from epd_connectors.config.vllm import OWNED_FLAGS, VllmServerConfig
 
 pytestmark = pytest.mark.unit
@@ -106,22 +106,20 @@ def test_extra_args_come_last() -> None:
     assert argv[-3:] == ["--max-num-seqs", "64", "--allowed-local-media-path=/media"]
 
 
-def test_argv_refuses_transfer_configs_that_do_not_fit() -> None:
-    with pytest.raises(ConfigError) as info:
-        make("encoder").argv()
-    assert info.value.problems == ["ec_transfer_config = None: an encoder needs an EC connector. Fix: give one"]
-    with pytest.raises(ConfigError) as info:
-        make("decode").argv(ECMooncakeConsumer(), MooncakeConnectorConfig(kv_role="kv_consumer"))
-    assert info.value.problems == [
+def test_transfer_configs_that_do_not_fit_are_refused() -> None:
+    assert check_transfers(make("encoder"), None, None) == [
+        "ec_transfer_config = None: an encoder needs an EC connector. Fix: give one"
+    ]
+    assert check_transfers(make("decode"), ECMooncakeConsumer(), MooncakeConnectorConfig(kv_role="kv_consumer")) == [
         "ec_transfer_config = 'ECMooncakeConnector': decode gets KV from prefill, not embeddings. Fix: drop it"
     ]
 
 
-def test_argv_reports_every_problem_across_ec_and_kv() -> None:
+def test_every_problem_across_ec_and_kv_is_reported() -> None:
     reuse = ECMooncakeProducer(ec_connector_extra_config={"cross_encoder_cache": True})
-    with pytest.raises(ConfigError) as info:
-        make("encoder", tensor_parallel_size=2).argv(reuse, MooncakeStoreConnectorConfig(), store_offload=True)
-    fields = [line.split(" = ")[0] for line in info.value.problems]
+    server = make("encoder", tensor_parallel_size=2)
+    problems = check_transfers(server, reuse, MooncakeStoreConnectorConfig(), store_offload=True)
+    fields = [line.split(" = ")[0] for line in problems]
     assert fields == [
         "vllm.tensor_parallel_size",
         "vllm.use_v2_model_runner",
@@ -130,10 +128,10 @@ def test_argv_reports_every_problem_across_ec_and_kv() -> None:
     ]
 
 
-def test_consumer_rules_run_through_argv() -> None:
+def test_consumer_rules_run_through_check_transfers() -> None:
     example = ECExampleConnectorConfig(ec_role="ec_producer", ec_connector_extra_config={"shared_storage_path": "/e"})
     kv = ExampleKVConnectorConfig(kv_role="kv_producer", kv_connector_extra_config={"shared_storage_path": "/k"})
-    assert make("prefill").check_transfers(example, kv) == [
+    assert check_transfers(make("prefill"), example, kv) == [
         "ec_transfer_config.ec_role = 'ec_producer': a prefill/PD instance must consume. Fix: use ec_consumer"
     ]
 
@@ -271,11 +269,12 @@ def test_arbitrary_settings_validate_or_fail_cleanly(data: dict[str, Any]) -> No
         server = VllmServerConfig(**fields)
     except ValidationError:
         return
-    try:
-        argv = server.argv(ECMooncakeConsumer() if server.role != "decode" else None)
-    except ConfigError as exc:
-        assert all(". Fix: " in line for line in exc.problems)
+    ec = ECMooncakeConsumer() if server.role != "decode" else None
+    problems = check_transfers(server, ec, None)
+    if problems:
+        assert all(". Fix: " in line for line in problems)
         return
+    argv = server.argv(ec)
     assert VllmServerConfig.model_validate_json(server.model_dump_json()) == server
     assert argv[:2] == ["--model", server.model]
 

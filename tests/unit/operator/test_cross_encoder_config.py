@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from epd_connectors.config.bundle import RoleBundle, parse_bundle
+from epd_connectors.config.bundle import Role, RoleBundle, parse_bundle
 from epd_connectors.config.ec_transfer import embedding_namespace
 from epd_connectors.launch.plan import LaunchPlan, plan_launch
 from epd_operator.api import constants as c
@@ -352,7 +352,7 @@ def pod_launches(desired: Desired, role: str) -> list[VllmReader]:
 
 
 def encoder_namespace(desired: Desired) -> str:
-    namespaces = {reader.namespace() for reader in pod_launches(desired, c.ROLE_ENCODER)}
+    namespaces = {reader.namespace() for reader in pod_launches(desired, Role.ENCODER)}
     assert len(namespaces) == 1
     return namespaces.pop()
 
@@ -362,7 +362,7 @@ def encoder_namespace(desired: Desired) -> str:
 
 def test_every_encoder_pod_is_a_cross_encoder_producer_vllm_accepts() -> None:
     desired = render()
-    encoders = pod_launches(desired, c.ROLE_ENCODER)
+    encoders = pod_launches(desired, Role.ENCODER)
     assert len(encoders) == 2  # spec.encoder.replicas
     for reader in encoders:
         reader.check_connector()
@@ -380,9 +380,9 @@ def test_every_encoder_pod_is_a_cross_encoder_producer_vllm_accepts() -> None:
 def test_every_encoder_publishes_to_the_deployments_store_tenant_and_namespace() -> None:
     desired = render()
     roles = bundles_by_role(desired)
-    client, master = roles[c.ROLE_STORE_CLIENT].store_client, roles[c.ROLE_MASTER].master
+    client, master = roles[Role.STORE_CLIENT].store_client, roles[Role.MASTER].master
     assert client is not None and master is not None
-    for reader in pod_launches(desired, c.ROLE_ENCODER):
+    for reader in pod_launches(desired, Role.ENCODER):
         store = reader.store()
         # The pool's owner and the master's policy: the same store, the same tenant, the same transport.
         assert store.master_server_address == client.master_server_address == "qwen-vl-master.serving.svc:50051"
@@ -413,8 +413,8 @@ def test_every_encoder_publishes_to_the_deployments_store_tenant_and_namespace()
 
 def test_the_consumer_receives_pushes_without_publishing() -> None:
     desired = render()
-    [encoder, *_] = pod_launches(desired, c.ROLE_ENCODER)
-    for reader in pod_launches(desired, c.ROLE_PD):
+    [encoder, *_] = pod_launches(desired, Role.ENCODER)
+    for reader in pod_launches(desired, Role.PD):
         reader.check_connector()
         assert reader.ec["ec_role"] == "ec_consumer"
         assert reader.ec["ec_ip"] == reader.host_ip()  # its control server is reachable at the pod IP
@@ -432,10 +432,10 @@ def test_a_consumer_without_kv_offload_needs_no_store() -> None:
     spec = example_spec()
     spec["decode"]["kv"]["storeOffload"] = False
     desired = render(spec)
-    [pd] = pod_launches(desired, c.ROLE_PD)
+    [pd] = pod_launches(desired, Role.PD)
     pd.check_connector()
     assert "MOONCAKE_CONFIG_PATH" not in pd.launch.env and pd.launch.files == {}
-    for encoder in pod_launches(desired, c.ROLE_ENCODER):
+    for encoder in pod_launches(desired, Role.ENCODER):
         encoder.check_connector()  # the encoders still have their store
         assert encoder.store().tenant_id == desired.derived.tenant_id
 
@@ -497,8 +497,8 @@ def test_two_deployments_of_one_model_share_keys_but_never_a_tenant(other: Owner
     assert a.derived.tenant_id != b.derived.tenant_id
     for desired in (a, b):
         roles = bundles_by_role(desired)
-        tenants = {r.store().tenant_id for role in (c.ROLE_ENCODER, c.ROLE_PD) for r in pod_launches(desired, role)}
-        client, master = roles[c.ROLE_STORE_CLIENT].store_client, roles[c.ROLE_MASTER].master
+        tenants = {r.store().tenant_id for role in (Role.ENCODER, Role.PD) for r in pod_launches(desired, role)}
+        client, master = roles[Role.STORE_CLIENT].store_client, roles[Role.MASTER].master
         assert client is not None and master is not None and master.tenant_quota_policy is not None
         tenants |= {client.tenant_id, *(t.name for t in master.tenant_quota_policy.tenants)}
         assert tenants == {desired.derived.tenant_id}
@@ -533,7 +533,7 @@ def test_two_deployments_of_one_model_share_keys_but_never_a_tenant(other: Owner
 )
 def test_the_reader_refuses_what_vllm_refuses(sabotage: Any, message: str) -> None:
     """The judge of the tests above can fail: each launch vLLM 0.33.0 would refuse, it refuses."""
-    [encoder, *_] = pod_launches(render(), c.ROLE_ENCODER)
+    [encoder, *_] = pod_launches(render(), Role.ENCODER)
     launch = encoder.launch
     ec, env = json.loads(encoder.argv[encoder.argv.index("--ec-transfer-config") + 1]), dict(launch.env)
     [(path, text)] = launch.files.items()
@@ -555,7 +555,7 @@ def test_the_reader_refuses_what_vllm_refuses(sabotage: Any, message: str) -> No
     ],
 )
 def test_the_reader_reads_the_last_flag_as_argparse_does(argv: list[str], message: str) -> None:
-    [encoder, *_] = pod_launches(render(), c.ROLE_ENCODER)
+    [encoder, *_] = pod_launches(render(), Role.ENCODER)
     launch = encoder.launch
     broken = VllmReader(LaunchPlan(argv=[*launch.argv, *argv], env=launch.env, files=launch.files))
     with pytest.raises(VllmRefusedError, match=re.escape(message)):

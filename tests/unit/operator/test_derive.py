@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from epd_connectors.config.master import MasterConfig
 from epd_connectors.config.mooncake import TENANT_RE
-from epd_operator.api.spec import ModelSpec, PrefillSpec
+from epd_operator.api.model import ModelSpec
+from epd_operator.api.spec import PrefillSpec
 from epd_operator.derive import identity, parallel, ports, quantity
 from epd_operator.derive.names import Names, name_problems
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from epd_connectors.config.bundle import KVProtocol, RoleBundle, parse_bundle
+from epd_connectors.config.bundle import KVProtocol, Role, RoleBundle, parse_bundle
 from epd_connectors.config.consistency import check_deployment
 from epd_connectors.config.kv_transfer import MooncakeStoreConnectorConfig, connectors_of
 from epd_operator.api import constants as c
@@ -143,7 +143,7 @@ def test_removing_prefill_gives_pd_objects_and_no_prefill_objects() -> None:
     spec["decode"]["kv"] = {"storeOffload": True}
     desired = render(spec)
     roles = {o["metadata"]["labels"][c.LABEL_ROLE] for o in desired.objects}
-    assert c.ROLE_PD in roles and c.ROLE_PREFILL not in roles and c.ROLE_DECODE not in roles
+    assert Role.PD in roles and Role.PREFILL not in roles and Role.DECODE not in roles
     assert [w.role for w in desired.workloads] == ["master", "store-client", "encoder", "pd", "proxy"]
     proxy = bundles(desired)["demo-proxy"]
     assert proxy.peers.pd and not proxy.peers.prefill and not proxy.peers.decode
@@ -158,8 +158,8 @@ def test_every_pod_is_hardened_and_runs_epd_launch_for_its_role(name: str) -> No
         role = w["metadata"]["labels"][c.LABEL_ROLE]
         assert pod["securityContext"]["runAsNonRoot"] is True
         # Only the proxy talks to the API server (EndpointSlices), under its own ServiceAccount.
-        assert pod["automountServiceAccountToken"] is (role == c.ROLE_PROXY)
-        assert pod.get("serviceAccountName") == (w["metadata"]["name"] if role == c.ROLE_PROXY else None)
+        assert pod["automountServiceAccountToken"] is (role == Role.PROXY)
+        assert pod.get("serviceAccountName") == (w["metadata"]["name"] if role == Role.PROXY else None)
         for container in pod["containers"]:
             sc = container["securityContext"]
             assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
@@ -176,7 +176,7 @@ def test_every_pod_is_hardened_and_runs_epd_launch_for_its_role(name: str) -> No
 @pytest.mark.parametrize("name", [CROSS, OFFLOAD, SHARED])
 def test_the_proxy_follows_endpointslices_with_a_role_that_allows_only_that(name: str) -> None:
     desired = render(example(name))
-    proxy = next(w for w in workloads(desired) if w["metadata"]["labels"][c.LABEL_ROLE] == c.ROLE_PROXY)
+    proxy = next(w for w in workloads(desired) if w["metadata"]["labels"][c.LABEL_ROLE] == Role.PROXY)
     account = proxy["spec"]["template"]["spec"]["serviceAccountName"]
     by_kind = {o["kind"]: o for o in desired.objects if o["metadata"]["name"] == account}
     assert set(by_kind) >= {"ServiceAccount", "Role", "RoleBinding"}
@@ -200,7 +200,7 @@ def test_objects_come_in_apply_order_with_labels_and_owner() -> None:
     first_workload = next(i for i, k in enumerate(kinds) if k in WORKLOAD_KINDS)
     assert "ConfigMap" not in kinds[first_workload:] and "Service" not in kinds[first_workload:]
     assert [w.role for w in desired.workloads][:2] == ["master", "store-client"]
-    assert desired.workloads[-1].role == c.ROLE_PROXY and desired.objects[-1]["metadata"]["name"] == "demo-proxy"
+    assert desired.workloads[-1].role == Role.PROXY and desired.objects[-1]["metadata"]["name"] == "demo-proxy"
     for obj in desired.objects:
         labels = obj["metadata"]["labels"]
         assert labels[c.LABEL_DEPLOYMENT] == "demo" and labels[c.LABEL_MANAGED_BY] == c.MANAGED_BY
@@ -261,7 +261,7 @@ def test_per_node_store_clients_are_a_daemonset_on_the_selected_nodes() -> None:
     desired = render(spec)
     ds = by_key(desired)[("DaemonSet", "demo-store-client")]
     assert ds["spec"]["template"]["spec"]["nodeSelector"] == {"store": "yes"}
-    assert next(w for w in desired.workloads if w.role == c.ROLE_STORE_CLIENT).replicas is None
+    assert next(w for w in desired.workloads if w.role == Role.STORE_CLIENT).replicas is None
     assert ("PodDisruptionBudget", "demo-store-client") not in by_key(desired)
 
 
@@ -329,7 +329,7 @@ def from_anywhere(policy: dict[str, Any], port: str) -> bool:
     return False
 
 
-ALL_ROLES = (c.ROLE_MASTER, c.ROLE_STORE_CLIENT, "encoder", "prefill", "decode", "pd", "proxy")
+ALL_ROLES = (Role.MASTER, Role.STORE_CLIENT, "encoder", "prefill", "decode", "pd", "proxy")
 TRANSFER_PORT = "any-run-time-port"
 """Stands for the ports Mooncake's transfer engine picks at run time (no container port names them)."""
 
@@ -338,21 +338,21 @@ def test_standalone_store_ports_admit_only_the_store_users() -> None:
     """e-p-d-store-offload: prefill and decode use the store; its encoders hand over P2P (no cross-encoder
     reuse) and the proxy never talks to the store. With cross-encoder reuse the encoders are store users."""
     found = policies(render(example(OFFLOAD)))
-    assert set(found) == {c.ROLE_MASTER, c.ROLE_STORE_CLIENT}, "standalone vLLM pods hold no segment"
-    users = {c.ROLE_STORE_CLIENT, "prefill", "decode"}
+    assert set(found) == {Role.MASTER, Role.STORE_CLIENT}, "standalone vLLM pods hold no segment"
+    users = {Role.STORE_CLIENT, "prefill", "decode"}
     for port in ("rpc", "metrics"):
-        assert not from_anywhere(found[c.ROLE_MASTER], port), port
+        assert not from_anywhere(found[Role.MASTER], port), port
         for role in ALL_ROLES:
-            assert admitted(found[c.ROLE_MASTER], role, port) == (role in users), (role, port)
+            assert admitted(found[Role.MASTER], role, port) == (role in users), (role, port)
     for port in ("rpc", "metrics", TRANSFER_PORT):
-        assert not from_anywhere(found[c.ROLE_STORE_CLIENT], port), port
+        assert not from_anywhere(found[Role.STORE_CLIENT], port), port
         for role in ALL_ROLES:
-            assert admitted(found[c.ROLE_STORE_CLIENT], role, port) == (role in users), (role, port)
+            assert admitted(found[Role.STORE_CLIENT], role, port) == (role in users), (role, port)
     cross = policies(render(example(CROSS)))
     for role in ALL_ROLES:
-        expected = role in {c.ROLE_STORE_CLIENT, "encoder", "pd"}
-        assert admitted(cross[c.ROLE_MASTER], role, "metrics") == expected, role
-        assert admitted(cross[c.ROLE_STORE_CLIENT], role, TRANSFER_PORT) == expected, role
+        expected = role in {Role.STORE_CLIENT, "encoder", "pd"}
+        assert admitted(cross[Role.MASTER], role, "metrics") == expected, role
+        assert admitted(cross[Role.STORE_CLIENT], role, TRANSFER_PORT) == expected, role
 
 
 def test_a_scraper_named_in_the_spec_reaches_only_the_store_metrics_ports() -> None:
@@ -361,11 +361,11 @@ def test_a_scraper_named_in_the_spec_reaches_only_the_store_metrics_ports() -> N
     spec["store"]["metricsFrom"] = [scraper, {"podSelector": {"app": "agent"}}]
     found = policies(render(spec))
     peers = [{k: {"matchLabels": v} for k, v in scraper.items()}, {"podSelector": {"matchLabels": {"app": "agent"}}}]
-    for role in (c.ROLE_MASTER, c.ROLE_STORE_CLIENT):
+    for role in (Role.MASTER, Role.STORE_CLIENT):
         scraping = [rule for rule in found[role]["ingress"] if rule["from"] == peers]
         assert [rule["ports"] for rule in scraping] == [[{"port": "metrics", "protocol": "TCP"}]], role
         assert not from_anywhere(found[role], "metrics") and not admitted(found[role], "proxy", "metrics"), role
-    assert all(rule["from"] != peers for rule in policies(render(example(OFFLOAD)))[c.ROLE_MASTER]["ingress"])
+    assert all(rule["from"] != peers for rule in policies(render(example(OFFLOAD)))[Role.MASTER]["ingress"])
 
 
 def test_a_metrics_peer_must_select_something() -> None:
@@ -380,7 +380,7 @@ def test_a_metrics_peer_must_select_something() -> None:
 def test_the_master_admits_its_metadata_port_from_store_users_when_it_serves_one() -> None:
     spec = example(OFFLOAD)
     spec["store"]["master"] = {**spec["store"].get("master", {}), "httpMetadataServer": True}
-    master = policies(render(spec))[c.ROLE_MASTER]
+    master = policies(render(spec))[Role.MASTER]
     assert admitted(master, "prefill", "metadata") and not admitted(master, "proxy", "metadata")
     assert not from_anywhere(master, "metadata")
 
@@ -392,7 +392,7 @@ def test_embedded_segment_holders_get_a_policy_that_admits_store_peers_and_keeps
     spec["store"] = {"mode": "embedded", "protocol": "tcp", "embeddedSegmentSize": "1GiB"}
     found = policies(render(spec))
     holders = {"prefill", "decode"}
-    assert set(found) == {c.ROLE_MASTER} | holders
+    assert set(found) == {Role.MASTER} | holders
     peers = {"encoder", "prefill", "decode", "pd"}
     for holder in holders:
         policy = found[holder]
@@ -402,7 +402,7 @@ def test_embedded_segment_holders_get_a_policy_that_admits_store_peers_and_keeps
         assert not from_anywhere(policy, TRANSFER_PORT) and not from_anywhere(policy, "kv-bootstrap")
         assert from_anywhere(policy, "http"), "the API and vLLM's /metrics stay reachable, as without a policy"
     for role in ALL_ROLES:
-        assert admitted(found[c.ROLE_MASTER], role, "rpc") == (role in holders), role
+        assert admitted(found[Role.MASTER], role, "rpc") == (role in holders), role
 
 
 @pytest.mark.parametrize("connector", ["mooncake", "mooncake-store", "mooncake+store", "shared-storage"])
@@ -503,7 +503,7 @@ def test_embedded_store_has_no_clients_and_an_embedded_pool() -> None:
     spec = example(CROSS)
     spec["store"]["mode"] = "embedded"
     desired = render(spec)
-    assert not [o for o in desired.objects if o["metadata"]["labels"][c.LABEL_ROLE] == c.ROLE_STORE_CLIENT]
+    assert not [o for o in desired.objects if o["metadata"]["labels"][c.LABEL_ROLE] == Role.STORE_CLIENT]
     encoder = bundles(desired)["demo-encoder"].mooncake
     assert encoder is not None and encoder.mode.value == "embedded" and encoder.global_segment_size > 0
     assert check_deployment(bundles(desired)) == []

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from epd_connectors.config.bundle import Role
 from epd_operator import status
 from epd_operator.api import constants as c
 from epd_operator.api.status import EPDDeploymentStatus
@@ -18,18 +19,18 @@ T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
 DERIVED = Derived("ns-demo", "emb-1", "kv-1", 2, 1234, "http://demo-proxy.ns.svc:8000")
 
 EPD = [
-    RoleWorkload(c.ROLE_MASTER, "Deployment", "demo-master", 1),
-    RoleWorkload(c.ROLE_STORE_CLIENT, "DaemonSet", "demo-store-client", None),
-    RoleWorkload(c.ROLE_ENCODER, "Deployment", "demo-encoder", 2),
-    RoleWorkload(c.ROLE_PREFILL, "Deployment", "demo-prefill", 1),
-    RoleWorkload(c.ROLE_PREFILL, "Deployment", "demo-prefill-tp2", 1),
-    RoleWorkload(c.ROLE_DECODE, "StatefulSet", "demo-decode", 1),
-    RoleWorkload(c.ROLE_PROXY, "Deployment", "demo-proxy", 1),
+    RoleWorkload(Role.MASTER, "Deployment", "demo-master", 1),
+    RoleWorkload(Role.STORE_CLIENT, "DaemonSet", "demo-store-client", None),
+    RoleWorkload(Role.ENCODER, "Deployment", "demo-encoder", 2),
+    RoleWorkload(Role.PREFILL, "Deployment", "demo-prefill", 1),
+    RoleWorkload(Role.PREFILL, "Deployment", "demo-prefill-tp2", 1),
+    RoleWorkload(Role.DECODE, "StatefulSet", "demo-decode", 1),
+    RoleWorkload(Role.PROXY, "Deployment", "demo-proxy", 1),
 ]
 PD = [
-    RoleWorkload(c.ROLE_ENCODER, "Deployment", "demo-encoder", 1),
-    RoleWorkload(c.ROLE_PD, "Deployment", "demo-pd", 2),
-    RoleWorkload(c.ROLE_PROXY, "Deployment", "demo-proxy", 1),
+    RoleWorkload(Role.ENCODER, "Deployment", "demo-encoder", 1),
+    RoleWorkload(Role.PD, "Deployment", "demo-pd", 2),
+    RoleWorkload(Role.PROXY, "Deployment", "demo-proxy", 1),
 ]
 
 
@@ -114,7 +115,7 @@ def test_an_unchanged_world_gives_an_equal_status_and_keeps_transition_times() -
 
 def test_transition_time_moves_only_for_the_condition_that_flips() -> None:
     first = status.compute(facts(all_ready(EPD), now=T0))
-    observed = [status.observe(w, live(w, ready=1 if w.role == c.ROLE_ENCODER else None)) for w in EPD]
+    observed = [status.observe(w, live(w, ready=1 if w.role == Role.ENCODER else None)) for w in EPD]
     second = status.compute(facts(observed, previous=first, now=T1))
     times = {x.type: x.last_transition_time for x in second.conditions}
     assert times[c.COND_ENCODERS_READY] == T1 and times[c.COND_READY] == T1
@@ -145,7 +146,7 @@ def test_role_reasons(observation: dict[str, Any], reason: str) -> None:
 
 
 def test_the_most_telling_reason_wins() -> None:
-    pools = [w for w in EPD if w.role == c.ROLE_PREFILL]
+    pools = [w for w in EPD if w.role == Role.PREFILL]
     observed = [status.observe(pools[0], live(pools[0], ready=0)), status.observe(pools[1], None)]
     st = status.compute(facts(observed))
     assert cond(st, c.COND_PREFILL_READY) == ("False", status.REASON_MISSING)
@@ -155,7 +156,7 @@ def test_new_deployment_is_pending_until_something_is_ready() -> None:
     nothing = [status.observe(w, live(w, ready=0)) for w in PD]
     st = status.compute(facts(nothing))
     assert st.phase == "Pending"
-    some = [status.observe(w, live(w, ready=1 if w.role == c.ROLE_PROXY else 0)) for w in PD]
+    some = [status.observe(w, live(w, ready=1 if w.role == Role.PROXY else 0)) for w in PD]
     assert status.compute(facts(some, previous=st)).phase == "Progressing"
 
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from epd_connectors.config.bundle import ECControl
+from epd_connectors.config.bundle import ECControl, Role
 from epd_connectors.proxy.discovery_slices import RoleWatch, apply_event, specs_from_slices
-from epd_connectors.proxy.roster import InstanceSpec, ProxyRole
+from epd_connectors.proxy.roster import InstanceSpec
 
 pytestmark = pytest.mark.unit
 
@@ -33,7 +33,7 @@ def slice_(
 
 
 def test_ready_and_unknown_endpoints_count_not_ready_or_terminating_ones() -> None:
-    watch = RoleWatch(ProxyRole.PD, "demo-pd")
+    watch = RoleWatch(Role.PD, "demo-pd")
     slices = [
         slice_("a", endpoint("10.0.0.2"), endpoint("10.0.0.3", ready=False)),
         slice_("b", endpoint("10.0.0.1", ready=None), endpoint("10.0.0.4", terminating=True)),
@@ -44,10 +44,10 @@ def test_ready_and_unknown_endpoints_count_not_ready_or_terminating_ones() -> No
 def test_port_by_name_then_number_then_the_only_one() -> None:
     ports = [{"name": "metrics", "port": 9000}, {"name": "http", "port": 8000}]
     one = [slice_("a", endpoint("10.0.0.1"), ports=ports)]
-    assert specs_from_slices(one, RoleWatch(ProxyRole.PD, "demo-pd", port_name="http"))[0].url.endswith(":8000")
-    assert specs_from_slices(one, RoleWatch(ProxyRole.PD, "demo-pd", port=8000))[0].url.endswith(":8000")
-    assert specs_from_slices(one, RoleWatch(ProxyRole.PD, "demo-pd"))[0].url.endswith(":9000")
-    assert specs_from_slices(one, RoleWatch(ProxyRole.PD, "demo-pd", port_name="grpc")) == []
+    assert specs_from_slices(one, RoleWatch(Role.PD, "demo-pd", port_name="http"))[0].url.endswith(":8000")
+    assert specs_from_slices(one, RoleWatch(Role.PD, "demo-pd", port=8000))[0].url.endswith(":8000")
+    assert specs_from_slices(one, RoleWatch(Role.PD, "demo-pd"))[0].url.endswith(":9000")
+    assert specs_from_slices(one, RoleWatch(Role.PD, "demo-pd", port_name="grpc")) == []
 
 
 def test_discovered_consumer_addresses_follow_vllms_port_layout() -> None:
@@ -62,7 +62,7 @@ def test_discovered_consumer_addresses_follow_vllms_port_layout() -> None:
 
 def test_consumers_get_ec_addresses_per_dp_replica_and_prefill_a_bootstrap_address() -> None:
     watch = RoleWatch(
-        ProxyRole.PREFILL,
+        Role.PREFILL,
         "demo-prefill",
         ec=ECControl(port=14579, tensor_parallel_size=2, data_parallel_size=2),
         bootstrap_port=8998,
@@ -74,7 +74,7 @@ def test_consumers_get_ec_addresses_per_dp_replica_and_prefill_a_bootstrap_addre
 
 
 def test_ipv6_other_services_and_fqdn_slices() -> None:
-    watch = RoleWatch(ProxyRole.PD, "demo-pd")
+    watch = RoleWatch(Role.PD, "demo-pd")
     slices = [
         slice_("v6", endpoint("fd00::1"), family="IPv6"),
         slice_("other", endpoint("10.9.9.9"), service="someone-else"),
@@ -90,5 +90,5 @@ def test_watch_events_keep_the_slice_set_current() -> None:
     apply_event(slices, "MODIFIED", slice_("a", endpoint("10.0.0.3")))
     apply_event(slices, "DELETED", slice_("b"))
     apply_event(slices, "BOOKMARK", slice_("c", endpoint("10.0.0.4")))
-    urls = [s.url for s in specs_from_slices(slices.values(), RoleWatch(ProxyRole.PD, "demo-pd"))]
+    urls = [s.url for s in specs_from_slices(slices.values(), RoleWatch(Role.PD, "demo-pd"))]
     assert urls == ["http://10.0.0.3:8000"]

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from epd_connectors.config.bundle import Role
 from epd_connectors.proxy.metrics import ProxyMetrics
-from epd_connectors.proxy.roster import InstanceSpec, ProxyRole, Roster
+from epd_connectors.proxy.roster import InstanceSpec, Roster
 
 pytestmark = pytest.mark.unit
 
@@ -14,7 +15,7 @@ def test_affinity_ratio_and_roster_gauges() -> None:
     metrics = ProxyMetrics()
     for hit in (True, True, True, False):
         metrics.affinity_result(hit)
-    roster = Roster.build({ProxyRole.PD: [InstanceSpec("http://a"), InstanceSpec("http://b")]})
+    roster = Roster.build({Role.PD: [InstanceSpec("http://a"), InstanceSpec("http://b")]})
     roster.instances()[0].healthy = True
     text = metrics.render(roster).decode()
     assert "epd_proxy_encoder_affinity_hit_ratio 0.75" in text

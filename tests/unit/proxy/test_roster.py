@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from epd_connectors.config.bundle import ConsumerEndpoint, ECControl, Endpoint, Peers
+from epd_connectors.config.bundle import ConsumerEndpoint, ECControl, Endpoint, Peers, Role
 from epd_connectors.proxy.health import apply_probe
-from epd_connectors.proxy.roster import InstanceSpec, ProxyRole, Roster, outstanding
+from epd_connectors.proxy.roster import InstanceSpec, Roster, outstanding
 from epd_connectors.proxy.settings import Limits
 from epd_connectors.proxy.static import StaticRoster, from_peers, watches_from_peers
 
@@ -15,42 +15,42 @@ pytestmark = pytest.mark.unit
 
 
 def test_replacing_members_keeps_the_state_of_those_that_stay() -> None:
-    roster = Roster.build({ProxyRole.PD: [InstanceSpec("http://a"), InstanceSpec("http://b")]}, healthy=True)
-    a = roster.get(ProxyRole.PD, "http://a")
+    roster = Roster.build({Role.PD: [InstanceSpec("http://a"), InstanceSpec("http://b")]}, healthy=True)
+    a = roster.get(Role.PD, "http://a")
     assert a is not None
     a.outstanding = 5
     version = roster.version
-    roster.replace(ProxyRole.PD, [InstanceSpec("http://a"), InstanceSpec("http://c")])
-    assert roster.get(ProxyRole.PD, "http://a") is a and a.outstanding == 5 and a.healthy
-    c = roster.get(ProxyRole.PD, "http://c")
+    roster.replace(Role.PD, [InstanceSpec("http://a"), InstanceSpec("http://c")])
+    assert roster.get(Role.PD, "http://a") is a and a.outstanding == 5 and a.healthy
+    c = roster.get(Role.PD, "http://c")
     assert c is not None and not c.healthy
-    assert roster.get(ProxyRole.PD, "http://b") is None
+    assert roster.get(Role.PD, "http://b") is None
     assert roster.version > version
     version = roster.version
-    roster.replace(ProxyRole.PD, [InstanceSpec("http://a"), InstanceSpec("http://c")])
+    roster.replace(Role.PD, [InstanceSpec("http://a"), InstanceSpec("http://c")])
     assert roster.version == version
 
 
 def test_ready_only_when_every_role_has_a_healthy_instance() -> None:
-    roster = Roster.build({ProxyRole.ENCODER: [InstanceSpec("http://e")], ProxyRole.PD: [InstanceSpec("http://p")]})
+    roster = Roster.build({Role.ENCODER: [InstanceSpec("http://e")], Role.PD: [InstanceSpec("http://p")]})
     assert not roster.ready()
     for instance in roster.instances():
         instance.healthy = True
     assert roster.ready()
-    roster.replace(ProxyRole.ENCODER, [])
-    assert roster.healthy_roles() == {ProxyRole.ENCODER: False, ProxyRole.PD: True}
+    roster.replace(Role.ENCODER, [])
+    assert roster.healthy_roles() == {Role.ENCODER: False, Role.PD: True}
 
 
 def test_outstanding_counts_while_a_request_runs() -> None:
-    roster = Roster.build({ProxyRole.PD: [InstanceSpec("http://p")]})
+    roster = Roster.build({Role.PD: [InstanceSpec("http://p")]})
     instance = roster.instances()[0]
     with outstanding(instance):
-        assert roster.candidates(ProxyRole.PD)[0].outstanding == 1
+        assert roster.candidates(Role.PD)[0].outstanding == 1
     assert instance.outstanding == 0
 
 
 def test_probe_evicts_after_repeated_failures_and_readmits() -> None:
-    roster = Roster.build({ProxyRole.PD: [InstanceSpec("http://p")]}, healthy=True)
+    roster = Roster.build({Role.PD: [InstanceSpec("http://p")]}, healthy=True)
     instance = roster.instances()[0]
     limits = Limits(evict_after=2, readmit_after=2)
     instance.engine_id = "E0"
@@ -64,14 +64,14 @@ def test_probe_evicts_after_repeated_failures_and_readmits() -> None:
 def test_static_roster_pd_and_split() -> None:
     pd = StaticRoster(encoders=["http://e:1/"], pd=["http://p:2"], ec_consumers=["tcp://p:14579"]).specs()
     assert pd == {
-        ProxyRole.ENCODER: [InstanceSpec("http://e:1")],
-        ProxyRole.PD: [InstanceSpec("http://p:2", ("tcp://p:14579",))],
+        Role.ENCODER: [InstanceSpec("http://e:1")],
+        Role.PD: [InstanceSpec("http://p:2", ("tcp://p:14579",))],
     }
     split = StaticRoster(prefill=["http://p0:1", "http://p1:1"], decode=["http://d:3"], bootstrap_ports=[8998, 8999])
     specs = split.specs()
-    assert [s.bootstrap_url for s in specs[ProxyRole.PREFILL]] == ["http://p0:8998", "http://p1:8999"]
-    assert specs[ProxyRole.DECODE] == [InstanceSpec("http://d:3")]
-    assert StaticRoster(decode=["http://d:3"]).specs() == {ProxyRole.PD: [InstanceSpec("http://d:3")]}
+    assert [s.bootstrap_url for s in specs[Role.PREFILL]] == ["http://p0:8998", "http://p1:8999"]
+    assert specs[Role.DECODE] == [InstanceSpec("http://d:3")]
+    assert StaticRoster(decode=["http://d:3"]).specs() == {Role.PD: [InstanceSpec("http://d:3")]}
 
 
 @pytest.mark.parametrize(
@@ -94,11 +94,11 @@ def test_bundle_peers_give_the_roster_and_the_services_to_watch() -> None:
         pd=[ConsumerEndpoint(host="demo-pd.ns.svc", port=8000, ec=ECControl(port=14579))],
     )
     specs = from_peers(peers).specs()
-    assert specs[ProxyRole.PD] == [InstanceSpec("http://demo-pd.ns.svc:8000", ("tcp://demo-pd.ns.svc:14579",))]
+    assert specs[Role.PD] == [InstanceSpec("http://demo-pd.ns.svc:8000", ("tcp://demo-pd.ns.svc:14579",))]
     watches = watches_from_peers(peers)
     assert [(w.role, w.service, w.port, w.ec) for w in watches] == [
-        (ProxyRole.ENCODER, "demo-encoder", 8000, None),
-        (ProxyRole.PD, "demo-pd", 8000, ECControl(port=14579)),
+        (Role.ENCODER, "demo-encoder", 8000, None),
+        (Role.PD, "demo-pd", 8000, ECControl(port=14579)),
     ]
 
 
@@ -111,7 +111,7 @@ def test_a_static_roster_from_the_bundle_gives_each_consumer_its_own_replicas_ad
         ]
     )
     specs = from_peers(peers).specs()
-    assert [s.ec_addresses for s in specs[ProxyRole.PD]] == [
+    assert [s.ec_addresses for s in specs[Role.PD]] == [
         ("tcp://10.0.0.1:14579",),
         ("tcp://10.0.0.2:14579", "tcp://10.0.0.2:14580", "tcp://10.0.0.2:14581"),
     ]

@@ -18,9 +18,6 @@ from epd_connectors.config.base import ConfigError, ConfigModel, describe_valida
 TRANSFER_MODEL_CONFIG = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
 """Strict: vLLM's connectors read extra-config values as they are, so "5" must not pass for 5."""
 
-MAX_PORT = 65535
-"""The highest TCP port number."""
-
 
 class TransferModel(ConfigModel):
     """A transfer config that renders to the one-line JSON its vLLM flag takes, and parses back from it."""
@@ -55,13 +52,6 @@ def load_json_object(text: str) -> dict[str, Any]:
             [str(rule_error("transfer config", data, "is not a JSON object", "pass a JSON object ({...})"))]
         )
     return data
-
-
-def check_port(field: str, value: int) -> int:
-    """A TCP port in 1..65535."""
-    if not 1 <= value <= MAX_PORT:
-        raise rule_error(field, value, "is not a TCP port", f"use a port in 1..{MAX_PORT}")
-    return value
 
 
 def check_positive(field: str, value: float) -> float:

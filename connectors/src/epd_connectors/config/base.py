@@ -1,4 +1,4 @@
-"""The shared base of all config models and the one format every rule's message follows.
+"""The shared base of all config models, the one format every rule's message follows, and the Port type.
 
 A rule's message must let a platform engineer fix the resource without reading our code, so it always names
 the field, the offending value and the fix: ``<field> = <value>: <problem>. Fix: <fix>``.
@@ -6,7 +6,9 @@ the field, the offending value and the fix: ``<field> = <value>: <problem>. Fix:
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo
 
 
 class ConfigModel(BaseModel):
@@ -42,3 +44,17 @@ def describe_validation_error(exc: ValidationError) -> list[str]:
         msg = err["msg"].removeprefix("Value error, ")
         lines.append(f"{loc}: {msg}" if loc else msg)
     return lines
+
+
+MAX_PORT = 65535
+"""The highest TCP port number."""
+
+
+def _check_port(value: int, info: ValidationInfo) -> int:
+    if not 1 <= value <= MAX_PORT:
+        raise rule_error(info.field_name or "port", value, "is not a TCP port", f"use a port in 1..{MAX_PORT}")
+    return value
+
+
+Port = Annotated[int, AfterValidator(_check_port), Field(json_schema_extra={"minimum": 1, "maximum": MAX_PORT})]
+"""A TCP port in 1..65535; the JSON schema (and so the CRD) carries the same bounds."""

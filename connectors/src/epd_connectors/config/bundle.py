@@ -12,18 +12,19 @@ from __future__ import annotations
 import json
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, get_args
 
 from pydantic import Field, ValidationError, model_validator
 
-from epd_connectors.config.base import ConfigError, ConfigModel, describe_validation_error, problem
+from epd_connectors.config.base import ConfigError, ConfigModel, Port, describe_validation_error, problem
 from epd_connectors.config.ec_ports import ec_control_address
 from epd_connectors.config.ec_transfer import ECMooncakeProducer, ECTransferConfig
 from epd_connectors.config.kv_transfer import KVTransferConfig, MooncakeStoreConnectorConfig, connectors_of
 from epd_connectors.config.master import MasterConfig
 from epd_connectors.config.mooncake import MooncakeStoreConfig, StoreMode
 from epd_connectors.config.store_client import StoreClientConfig
-from epd_connectors.config.vllm import VllmServerConfig
+from epd_connectors.config.transfer_rules import check_transfers
+from epd_connectors.config.vllm import VllmRole, VllmServerConfig
 
 BUNDLE_API_VERSION: Literal["epd.serving.io/v1alpha1"] = "epd.serving.io/v1alpha1"
 BUNDLE_KIND: Literal["RoleBundle"] = "RoleBundle"
@@ -46,7 +47,8 @@ POD_IP_PLACEHOLDER: Literal["pod-ip.invalid"] = "pod-ip.invalid"
 an HA master's rpc_address): epd-launch replaces it with POD_IP from the downward API. The .invalid TLD
 (RFC 2606) never resolves, so an address that was not replaced fails loudly instead of pointing elsewhere."""
 
-VLLM_ROLES = frozenset({Role.ENCODER, Role.PREFILL, Role.DECODE, Role.PD})
+VLLM_ROLES: Final = frozenset(Role(name) for name in get_args(VllmRole))
+"""The roles that run a vLLM server (and that the proxy routes to): VllmServerConfig.role's values."""
 
 POD_IP_ENV: Final = "POD_IP"
 """Set from the downward API in every pod: the address this process advertises to its peers."""
@@ -59,7 +61,7 @@ class Endpoint(ConfigModel):
 
     host: str = Field(min_length=1)
     """DNS name (a Service or pod name in a cluster) or IP address."""
-    port: int = Field(ge=1, le=65535)
+    port: Port
 
     def url(self, scheme: str = "http") -> str:
         return f"{scheme}://{self.host}:{self.port}"
@@ -69,7 +71,7 @@ class ECControl(ConfigModel):
     """Where the pods behind a consumer endpoint take pushed embeddings (ECMooncakeConnector): their EC config's
     ec_port and parallel sizes, which place every rank's control port (ec_ports)."""
 
-    port: int = Field(ge=1, le=65535)
+    port: Port
     """The consumer's ec_port: TP rank 0 of DP replica 0."""
     tensor_parallel_size: int = Field(default=1, ge=1)
     data_parallel_size: int = Field(default=1, ge=1)
@@ -91,7 +93,7 @@ class ConsumerEndpoint(Endpoint):
 class PrefillEndpoint(ConsumerEndpoint):
     """A prefill endpoint: an EC consumer, and with MooncakeConnector the decode's KV source."""
 
-    bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
+    bootstrap_port: Port | None = None
     """MooncakeConnector's bootstrap server (VLLM_MOONCAKE_BOOTSTRAP_PORT) on its pods; None without it."""
 
 
@@ -145,7 +147,7 @@ class ProxySettings(ConfigModel):
     """The request proxy's own listener and routing switches."""
 
     host: str = "0.0.0.0"
-    port: int = Field(default=8000, ge=1, le=65535)
+    port: Port = 8000
     encoder_affinity: bool = True
     """Route a media item by the hash of its content to the encoder that already holds its embedding."""
     kv_protocol: KVProtocol = KVProtocol.PASSIVE
@@ -269,9 +271,9 @@ def _store_client_problems(bundle: RoleBundle) -> list[str]:
     ]
 
 
-def needs_store(bundle: RoleBundle) -> bool:
-    """Whether the role's vLLM process talks to the Mooncake store (and so needs MOONCAKE_CONFIG_PATH)."""
-    ec, kv = bundle.ec_transfer, bundle.kv_transfer
+def needs_store(ec: ECTransferConfig | None, kv: KVTransferConfig | None) -> bool:
+    """Whether a vLLM process with these connectors talks to the Mooncake store (and so needs its JSON and the
+    master): cross-encoder reuse on an encoder, or MooncakeStoreConnector anywhere in its KV config."""
     cross_encoder = isinstance(ec, ECMooncakeProducer) and ec.ec_connector_extra_config.cross_encoder_cache
     store_kv = kv is not None and any(isinstance(c, MooncakeStoreConnectorConfig) for c in connectors_of(kv))
     return bool(cross_encoder or store_kv)
@@ -293,10 +295,10 @@ def _vllm_problems(bundle: RoleBundle) -> list[str]:
         )
     mooncake = bundle.mooncake
     store_offload = mooncake.enable_offload if mooncake is not None else None
-    found += server.check_transfers(bundle.ec_transfer, bundle.kv_transfer, store_offload=store_offload)
+    found += check_transfers(server, bundle.ec_transfer, bundle.kv_transfer, store_offload=store_offload)
     if mooncake is None:
         return found
-    if not needs_store(bundle):
+    if not needs_store(bundle.ec_transfer, bundle.kv_transfer):
         found.append(
             problem(
                 "mooncake",

@@ -5,12 +5,12 @@ on the connector and its settings, and vLLM rejects a wrong combination only whe
 with a message that names neither the flag nor the fix. The models here hold the keys of vLLM 0.33's
 ``ECTransferConfig`` (which forbids unknown keys) and the ``ec_connector_extra_config`` keys the
 connectors read, and refuse what vLLM would refuse (or silently misuse) up front. Rules that need the vLLM
-server settings too live in ``check_encoder`` / ``check_consumer``, which take both.
+server settings too live above both, in ``transfer_rules``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, ValidationError, field_validator
 
@@ -32,16 +32,14 @@ from epd_connectors.config._ec_store_key import (
     parse_embedding_value_header,
 )
 from epd_connectors.config._transfer_common import TransferModel
-from epd_connectors.config.base import ConfigError, describe_validation_error, problem, rule_error
+from epd_connectors.config.base import ConfigError, Port, describe_validation_error, problem, rule_error
 from epd_connectors.config.ec_ports import ec_consumer_ports, ec_control_address, zmq_tcp
 from epd_connectors.config.sizes import ByteSize
-
-if TYPE_CHECKING:
-    from epd_connectors.config.vllm import VllmServerConfig
 
 __all__ = [
     "EMBEDDING_VALUE_HEADER_BYTES",
     "BufferDevice",
+    "ECConfig",
     "ECExampleConnectorConfig",
     "ECExampleExtra",
     "ECMooncakeConsumer",
@@ -51,9 +49,7 @@ __all__ = [
     "ECTransferConfig",
     "EmbeddingHeader",
     "MooncakeProtocol",
-    "check_consumer",
     "check_ec_pair",
-    "check_encoder",
     "ec_consumer_addresses",
     "ec_consumer_control_address",
     "ec_consumer_ports",
@@ -97,7 +93,7 @@ class _ECBase(TransferModel):
     ec_ip: str = "127.0.0.1"
     """Consumer: the address its control server binds and advertises (the pod IP). vLLM's default."""
 
-    ec_port: int = DEFAULT_EC_PORT
+    ec_port: Port = DEFAULT_EC_PORT
     """Consumer: control port of TP rank 0 of DP replica 0 (rank r of replica d: ec_port + d*tp + r)."""
 
     ec_connector_extra_config: TransferModel
@@ -113,11 +109,6 @@ class _ECBase(TransferModel):
         if value <= 0:
             raise rule_error("ec_buffer_size", value, "must be positive", "use at least one embedding's bytes")
         return value
-
-    @field_validator("ec_port")
-    @classmethod
-    def _port(cls, value: int) -> int:
-        return _transfer_common.check_port("ec_port", value)
 
     @field_validator("ec_ip")
     @classmethod
@@ -187,14 +178,17 @@ ECTransferConfig = Annotated[
 ]
 """Any EC transfer config; pydantic picks the model from ec_connector and ec_role."""
 
-_BY_TAG: dict[str, type[ECMooncakeProducer | ECMooncakeConsumer | ECExampleConnectorConfig]] = {
+ECConfig = ECMooncakeProducer | ECMooncakeConsumer | ECExampleConnectorConfig
+"""A parsed EC transfer config of any connector and role."""
+
+_BY_TAG: dict[str, type[ECConfig]] = {
     "mooncake-producer": ECMooncakeProducer,
     "mooncake-consumer": ECMooncakeConsumer,
     "example": ECExampleConnectorConfig,
 }
 
 
-def parse_ec_transfer_config(text: str) -> ECMooncakeProducer | ECMooncakeConsumer | ECExampleConnectorConfig:
+def parse_ec_transfer_config(text: str) -> ECConfig:
     """Parse an ``--ec-transfer-config`` value into its model; ConfigError naming the fields otherwise."""
     data = _transfer_common.load_json_object(text)
     tag = _ec_tag(data)
@@ -228,133 +222,6 @@ def ec_consumer_control_address(
 ) -> str:
     """``ec_control_address`` of this consumer's ``ec_ip`` and ``ec_port``."""
     return ec_control_address(consumer.ec_ip, consumer.ec_port, tensor_parallel_size, data_parallel_index)
-
-
-def check_encoder(
-    ec: ECMooncakeProducer | ECMooncakeConsumer | ECExampleConnectorConfig,
-    server: VllmServerConfig,
-    *,
-    store_offload: bool | None = False,
-) -> list[str]:
-    """Rules spanning an encoder's EC config and its vLLM server settings; one line per problem.
-
-    ``store_offload`` is the vLLM-side Mooncake JSON's ``enable_offload``, or None when the encoder has no
-    Mooncake store config (MOONCAKE_CONFIG_PATH) at all.
-    """
-    found: list[str] = []
-    if server.role != "encoder":
-        found.append(problem("vllm.role", server.role, "is not an encoder", "use check_consumer for it"))
-    if ec.ec_role not in ("ec_producer", "ec_both") or isinstance(ec, ECMooncakeConsumer):
-        found.append(problem("ec_transfer_config.ec_role", ec.ec_role, "an encoder must produce", "use ec_producer"))
-    if not isinstance(ec, ECMooncakeProducer):
-        return found
-    # vLLM 0.33: MooncakeECConfig.from_vllm_config refuses every parallel layout on a producer.
-    for field in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
-        size = getattr(server, field)
-        if size != 1:
-            found.append(
-                problem(
-                    f"vllm.{field}",
-                    size,
-                    "ECMooncakeConnector producers need 1",
-                    "scale encoders by replicas",
-                )
-            )
-    if ec.ec_connector_extra_config.cross_encoder_cache:
-        found.extend(_cross_encoder_problems(server, store_offload))
-    return found
-
-
-def _cross_encoder_problems(server: VllmServerConfig, store_offload: bool | None) -> list[str]:
-    """What cross_encoder_cache needs of the server and the store (vLLM 0.33 and the seed document)."""
-    why = "cross_encoder_cache requires"
-    found: list[str] = []
-    if server.use_v2_model_runner is not True:
-        found.append(
-            problem(
-                "vllm.use_v2_model_runner",
-                server.use_v2_model_runner,
-                f"{why} Model Runner V2 (left unset vLLM may fall back to V1)",
-                "set it to true (VLLM_USE_V2_MODEL_RUNNER=1)",
-            )
-        )
-    if server.enable_lora:
-        found.append(problem("vllm.enable_lora", True, f"{why} no LoRA", "disable LoRA on encoders"))
-    if server.mm_processor_cache_gb <= 0:
-        found.append(
-            problem(
-                "vllm.mm_processor_cache_gb",
-                server.mm_processor_cache_gb,
-                f"{why} a multimodal processor cache to keep content identifiers",
-                "set it above 0 (vLLM default 4)",
-            )
-        )
-    if store_offload is None:
-        found.append(
-            problem(
-                "mooncake store",
-                None,
-                f"{why} a Mooncake store (MOONCAKE_CONFIG_PATH) on every encoder",
-                "configure the store for the encoders",
-            )
-        )
-    elif store_offload:
-        found.append(
-            problem(
-                "mooncake.enable_offload",
-                True,
-                f"{why} a RAM-only store",
-                "set enable_offload false in the encoders' Mooncake JSON",
-            )
-        )
-    return found
-
-
-def check_consumer(
-    ec: ECMooncakeProducer | ECMooncakeConsumer | ECExampleConnectorConfig, server: VllmServerConfig
-) -> list[str]:
-    """Rules spanning a prefill/PD instance's EC config and its vLLM server settings; one line per problem."""
-    found: list[str] = []
-    if server.role not in ("prefill", "pd"):
-        found.append(
-            problem("vllm.role", server.role, "only prefill and pd consume encoder output", "drop the EC config")
-        )
-    if ec.ec_role not in ("ec_consumer", "ec_both") or isinstance(ec, ECMooncakeProducer):
-        found.append(
-            problem(
-                "ec_transfer_config.ec_role",
-                ec.ec_role,
-                "a prefill/PD instance must consume",
-                "use ec_consumer",
-            )
-        )
-    if isinstance(ec, ECMooncakeConsumer):
-        tp, dp = server.tensor_parallel_size, server.data_parallel_size
-        highest = ec.ec_port + dp * tp - 1
-        if highest > _transfer_common.MAX_PORT:
-            found.append(
-                problem(
-                    "ec_transfer_config.ec_port",
-                    ec.ec_port,
-                    f"the control ports reach {highest} (ec_port + dp*tp - 1 with tp {tp}, dp {dp})",
-                    f"use an ec_port of at most {_transfer_common.MAX_PORT - dp * tp + 1}",
-                )
-            )
-        ports = set(ec_consumer_ports(ec.ec_port, tp, dp))
-        for field, port in (
-            ("vllm.port", server.port),
-            ("vllm.mooncake_bootstrap_port", server.mooncake_bootstrap_port),
-        ):
-            if port is not None and port in ports:
-                found.append(
-                    problem(
-                        field,
-                        port,
-                        "collides with an EC control port",
-                        "move one of them (ports must differ)",
-                    )
-                )
-    return found
 
 
 def check_ec_pair(

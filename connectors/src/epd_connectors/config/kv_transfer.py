@@ -5,12 +5,12 @@ MooncakeStoreConnector (a shared Mooncake store, also single-node offload), a Mu
 XpYd layout), or ExampleConnector (a shared folder; works on the CPU build). vLLM reads the connectors'
 extra config as a plain dict and falls back silently on bad values (a store TP that is not a multiple of the
 local TP turns cross-instance sharing off without an error), so the rules are checked here, and those that
-also need the vLLM server settings in ``check_kv``. No KV transfer at all is ``None``: no flag is rendered.
+also need the vLLM server settings in ``transfer_rules``. No KV transfer at all is ``None``: no flag is rendered.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
@@ -25,9 +25,6 @@ from epd_connectors.config._kv_extra import (
 from epd_connectors.config._transfer_common import TransferModel
 from epd_connectors.config.base import ConfigError, describe_validation_error, problem, rule_error
 
-if TYPE_CHECKING:
-    from epd_connectors.config.vllm import VllmServerConfig
-
 __all__ = [
     "AnyKVConfig",
     "ChildKVConfig",
@@ -41,7 +38,6 @@ __all__ = [
     "MooncakeStoreExtra",
     "MultiConnectorConfig",
     "MultiExtra",
-    "check_kv",
     "connectors_of",
     "p2p_tp_fits",
     "parse_kv_transfer_config",
@@ -53,9 +49,6 @@ BufferDevice = Literal["cuda", "cpu", "xpu"]
 
 DEFAULT_BOOTSTRAP_PORT = 8998
 """vLLM's VLLM_MOONCAKE_BOOTSTRAP_PORT when the variable is unset."""
-
-HASH_SEED_ALGOS = frozenset({"xxhash", "xxhash_cbor"})
-"""Prefix-caching hash algorithms that seed per process: store sharers then need one PYTHONHASHSEED."""
 
 
 class _KVBase(TransferModel):
@@ -280,129 +273,3 @@ def connectors_of(kv: AnyKVConfig) -> list[_ChildConfig]:
     if isinstance(kv, MultiConnectorConfig):
         return list(kv.kv_connector_extra_config.connectors)
     return [kv]
-
-
-# What each vLLM role's KV config must do.
-_ROLE_KV: dict[str, tuple[str, ...]] = {
-    "prefill": ("kv_producer", "kv_both"),
-    "decode": ("kv_consumer",),
-    "pd": ("kv_both",),
-}
-
-
-def check_kv(kv: AnyKVConfig | None, server: VllmServerConfig) -> list[str]:
-    """Rules spanning a KV config and its vLLM server settings; one line per problem."""
-    role = server.role
-    if kv is None:
-        if role in ("prefill", "decode"):
-            return [problem("kv_transfer_config", None, f"a {role} instance needs a KV connector", "give a KV config")]
-        return []
-    if role == "encoder":
-        return [problem("kv_transfer_config", kv.kv_connector, "encoders hold no KV cache", "drop it")]
-    found: list[str] = []
-    if kv.kv_role not in _ROLE_KV[role]:
-        found.append(
-            problem(
-                "kv_transfer_config.kv_role",
-                kv.kv_role,
-                f"does not fit a {role} instance",
-                f"use {_ROLE_KV[role][0]}",
-            )
-        )
-    for child in connectors_of(kv):
-        if isinstance(child, MooncakeConnectorConfig) and role == "pd":
-            found.append(
-                problem(
-                    "kv_transfer_config",
-                    child.kv_connector,
-                    "P2P transfer needs a prefill/decode split",
-                    "use MooncakeStoreConnector",
-                )
-            )
-        if isinstance(child, MooncakeConnectorConfig) and child.kv_role == "kv_producer":
-            found.extend(_bootstrap_problems(server))
-        if isinstance(child, MooncakeConnectorConfig) and child.kv_role == "kv_consumer":
-            found.extend(_consumer_bootstrap_problems(server))
-        if isinstance(child, MooncakeStoreConnectorConfig):
-            found.extend(_store_problems(child.kv_connector_extra_config, server))
-    return found
-
-
-def _bootstrap_problems(server: VllmServerConfig) -> list[str]:
-    """MooncakeConnector's bootstrap side channel listens on VLLM_MOONCAKE_BOOTSTRAP_PORT + d*tp for DP
-    replica d (vLLM 0.33 get_mooncake_side_channel_port); it must not take the HTTP port or leave 1..65535."""
-    base = server.mooncake_bootstrap_port or DEFAULT_BOOTSTRAP_PORT
-    tp, dp = server.tensor_parallel_size, server.data_parallel_size
-    ports = range(base, base + (dp - 1) * tp + 1, tp)
-    if server.port in ports:
-        return [
-            problem(
-                "vllm.mooncake_bootstrap_port",
-                base,
-                f"MooncakeConnector's bootstrap port collides with the HTTP port {server.port}",
-                "give each its own port",
-            )
-        ]
-    if ports[-1] > _transfer_common.MAX_PORT:
-        return [
-            problem(
-                "vllm.mooncake_bootstrap_port",
-                base,
-                f"the DP replicas' bootstrap ports reach {ports[-1]}",
-                "use a lower port",
-            )
-        ]
-    return []
-
-
-def _consumer_bootstrap_problems(server: VllmServerConfig) -> list[str]:
-    """vLLM (0.32 and 0.33) starts the bootstrap server and registers with it only when the worker is not a
-    kv_consumer; a decoder dials the prefill's server from kv_transfer_params, so a port here is never used."""
-    if server.mooncake_bootstrap_port is None:
-        return []
-    return [
-        problem(
-            "vllm.mooncake_bootstrap_port",
-            server.mooncake_bootstrap_port,
-            "a MooncakeConnector kv_consumer runs no bootstrap server (only the prefill does)",
-            "drop it",
-        )
-    ]
-
-
-def _store_problems(extra: MooncakeStoreExtra, server: VllmServerConfig) -> list[str]:
-    field = "kv_transfer_config.kv_connector_extra_config"
-    tp = server.tensor_parallel_size
-    found: list[str] = []
-    store_tp = extra.effective_store_tp()
-    # vLLM silently falls back to rank-local keys (no sharing across TP sizes) when this does not hold.
-    if store_tp is not None and (store_tp < tp or store_tp % tp != 0):
-        name = "prefill_tp_sizes" if extra.enable_store_tp_lcm else "store_tp_size"
-        found.append(
-            problem(
-                f"{field}.{name}",
-                store_tp,
-                f"the store TP must be >= the local tensor_parallel_size {tp} and a multiple of it",
-                "use the LCM of every prefiller's and decoder's TP",
-            )
-        )
-    if extra.prefill_tp_sizes is not None and server.role == "prefill" and tp not in extra.prefill_tp_sizes:
-        found.append(
-            problem(
-                f"{field}.prefill_tp_sizes",
-                list(extra.prefill_tp_sizes),
-                f"does not list this prefiller's tensor_parallel_size {tp}",
-                "list every prefiller's TP, the same list everywhere",
-            )
-        )
-    if server.prefix_caching_hash_algo in HASH_SEED_ALGOS and server.python_hash_seed is None:
-        found.append(
-            problem(
-                "vllm.python_hash_seed",
-                None,
-                f"prefix_caching_hash_algo {server.prefix_caching_hash_algo} seeds block hashes per process, "
-                "so store sharers never match",
-                "set one PYTHONHASHSEED for every instance sharing the store",
-            )
-        )
-    return found

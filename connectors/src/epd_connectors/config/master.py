@@ -182,10 +182,10 @@ class MasterConfig(base.ConfigModel):
     rpc_address: str = _ALL_INTERFACES
     """Address the RPC server binds to and, under HA, advertises; with HA it must be the pod's own IP."""
 
-    rpc_port: int = DEFAULT_RPC_PORT
+    rpc_port: base.Port = DEFAULT_RPC_PORT
     """Clients' master_server_address port; 50051 is Mooncake's default."""
 
-    metrics_port: int = DEFAULT_METRICS_PORT
+    metrics_port: base.Port = DEFAULT_METRICS_PORT
     """HTTP port of /metrics (Prometheus) and /health (the readiness check); 9003 is Mooncake's default."""
 
     metrics_host: str | None = None
@@ -196,7 +196,7 @@ class MasterConfig(base.ConfigModel):
     """Serve transfer-engine metadata at http://HOST:PORT/metadata; off by default because P2PHANDSHAKE
     needs no metadata service."""
 
-    http_metadata_server_port: int = DEFAULT_HTTP_METADATA_PORT
+    http_metadata_server_port: base.Port = DEFAULT_HTTP_METADATA_PORT
     """Port of the HTTP metadata server (when enabled); 8080 is Mooncake's default."""
 
     enable_multi_tenants: StrictBool = False
@@ -228,11 +228,6 @@ class MasterConfig(base.ConfigModel):
 
     ha: HAConfig | None = None
     """Leader election for several masters; None runs one master (a restart then loses every key)."""
-
-    @field_validator("rpc_port", "metrics_port", "http_metadata_server_port")
-    @classmethod
-    def _check_ports(cls, value: int, info: ValidationInfo) -> int:
-        return mc.check_port(str(info.field_name), value)
 
     @field_validator("rpc_address")
     @classmethod

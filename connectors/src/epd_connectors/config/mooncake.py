@@ -206,14 +206,7 @@ _DEVICE_RE = re.compile(r"^[A-Za-z0-9_.:-]+(?:,[A-Za-z0-9_.:-]+)*\Z", re.ASCII)
 
 def valid_port(text: str) -> bool:
     """Whether a matched port string is a usable TCP port (the regexes only bound its length)."""
-    return text.isdigit() and 1 <= int(text) <= 65535
-
-
-def check_port(field: str, value: int) -> int:
-    """A TCP port a process can listen on."""
-    if not 1 <= value <= 65535:
-        raise base.rule_error(field, value, "a TCP port is 1..65535", "choose a free port in 1..65535")
-    return value
+    return text.isdigit() and 1 <= int(text) <= base.MAX_PORT
 
 
 def check_host(field: str, value: str) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Self
 
-from pydantic import StrictBool, ValidationInfo, field_validator, model_validator
+from pydantic import StrictBool, field_validator, model_validator
 
 from epd_connectors.config import base
 from epd_connectors.config import mooncake as mc
@@ -32,7 +32,7 @@ class StoreClientConfig(base.ConfigModel):
     """The address this client advertises to peers (and binds its RPC port to): the pod's own IP from the
     downward API. No default: 0.0.0.0 would be advertised and be unreachable for peers."""
 
-    port: int = DEFAULT_CLIENT_PORT
+    port: base.Port = DEFAULT_CLIENT_PORT
     """The client's RPC service port; 50052 is Mooncake's default."""
 
     global_segment_size: ByteSize
@@ -67,16 +67,11 @@ class StoreClientConfig(base.ConfigModel):
     enable_http_server: StrictBool = False
     """Serve this client's health and metrics over HTTP; off by default as in Mooncake."""
 
-    http_port: int = DEFAULT_HTTP_PORT
+    http_port: base.Port = DEFAULT_HTTP_PORT
     """Port of that HTTP server (when enabled); 9300 is Mooncake's default."""
 
     threads: int = 1
     """RPC service threads; Mooncake's default 1 suffices because data moves through the transfer engine."""
-
-    @field_validator("port", "http_port")
-    @classmethod
-    def _check_ports(cls, value: int, info: ValidationInfo) -> int:
-        return mc.check_port(str(info.field_name), value)
 
     @field_validator("host")
     @classmethod

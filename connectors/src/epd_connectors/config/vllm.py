@@ -3,8 +3,8 @@
 Every flag the operator derives (model, ports, parallel sizes, the transfer configs, the encoder's
 mandatory flags) is a typed field here and appears in the argv exactly once; free-form ``extra_args`` may add
 anything else but may not override one of ours, since a second ``--port`` or ``--kv-transfer-config`` would
-silently win in argparse and break what the operator matched across roles. ``argv`` also runs the rules that
-span the server and its EC/KV configs, so an inconsistent argv cannot be rendered.
+silently win in argparse and break what the operator matched across roles. The rules that span the server and
+its EC/KV configs live in ``transfer_rules``; the bundle runs them when it is validated, ``argv`` only renders.
 """
 
 from __future__ import annotations
@@ -15,15 +15,9 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, ValidationInfo, field_validator, model_validator
 
 from epd_connectors.config import _transfer_common
-from epd_connectors.config.base import ConfigError, ConfigModel, problem, rule_error
-from epd_connectors.config.ec_transfer import (
-    ECExampleConnectorConfig,
-    ECMooncakeConsumer,
-    ECMooncakeProducer,
-    check_consumer,
-    check_encoder,
-)
-from epd_connectors.config.kv_transfer import AnyKVConfig, check_kv
+from epd_connectors.config.base import ConfigModel, Port, rule_error
+from epd_connectors.config.ec_transfer import ECConfig
+from epd_connectors.config.kv_transfer import AnyKVConfig
 
 VllmRole = Literal["encoder", "prefill", "decode", "pd"]
 """What the instance does: encoder (vision/audio encoder only), prefill, decode, or combined pd."""
@@ -41,8 +35,6 @@ CPU build)."""
 ENCODER_MAX_NUM_BATCHED_TOKENS = 114688
 """The encoder's scheduler budget: effectively unlimited, as in vLLM's disaggregated-encoder examples; the
 encoder cache manager sets the real budget."""
-
-ECConfig = ECMooncakeProducer | ECMooncakeConsumer | ECExampleConnectorConfig
 
 # Every flag argv() renders, with the spellings argparse would also accept for it. vLLM turns '_' into '-'
 # and accepts unambiguous prefixes (argparse allow_abbrev), so both are refused in extra_args too.
@@ -145,7 +137,7 @@ class VllmServerConfig(ConfigModel):
     host: str = "0.0.0.0"
     """Address the HTTP server binds; all interfaces, since the pod IP is only known at run time."""
 
-    port: int = 8000
+    port: Port = 8000
     """HTTP port (vLLM's default)."""
 
     dtype: ModelDType = "auto"
@@ -196,7 +188,7 @@ class VllmServerConfig(ConfigModel):
     python_hash_seed: int | None = None
     """PYTHONHASHSEED; one value per deployment on every pod sharing a store. None leaves it unset."""
 
-    mooncake_bootstrap_port: int | None = None
+    mooncake_bootstrap_port: Port | None = None
     """VLLM_MOONCAKE_BOOTSTRAP_PORT for MooncakeConnector (vLLM default 8998); distinct per instance on a
     host."""
 
@@ -213,11 +205,6 @@ class VllmServerConfig(ConfigModel):
         if value is not None and value.startswith("-"):
             raise rule_error(name, value, "starts with '-' (argparse would take it for a flag)", "rename it")
         return value
-
-    @field_validator("port", "mooncake_bootstrap_port")
-    @classmethod
-    def _ports(cls, value: int | None, info: ValidationInfo) -> int | None:
-        return None if value is None else _transfer_common.check_port(info.field_name or "port", value)
 
     @field_validator(
         "tensor_parallel_size",
@@ -300,40 +287,9 @@ class VllmServerConfig(ConfigModel):
             return ENCODER_MAX_NUM_BATCHED_TOKENS
         return self.max_num_batched_tokens
 
-    def check_transfers(
-        self, ec: ECConfig | None, kv: AnyKVConfig | None, *, store_offload: bool | None = False
-    ) -> list[str]:
-        """Every rule between this server and its EC/KV configs, one line per problem (empty when fine).
-
-        ``store_offload``: the Mooncake JSON's enable_offload, None when the pod has no Mooncake store config.
-        """
-        found: list[str] = []
-        if ec is None and self.role == "encoder":
-            found.append(problem("ec_transfer_config", None, "an encoder needs an EC connector", "give one"))
-        elif ec is not None and self.role == "decode":
-            found.append(
-                problem(
-                    "ec_transfer_config",
-                    ec.ec_connector,
-                    "decode gets KV from prefill, not embeddings",
-                    "drop it",
-                )
-            )
-        elif ec is not None and self.role == "encoder":
-            found.extend(check_encoder(ec, self, store_offload=store_offload))
-        elif ec is not None:
-            found.extend(check_consumer(ec, self))
-        found.extend(check_kv(kv, self))
-        return found
-
-    def argv(
-        self, ec: ECConfig | None = None, kv: AnyKVConfig | None = None, *, store_offload: bool | None = False
-    ) -> list[str]:
-        """The arguments after ``python -m vllm.entrypoints.openai.api_server``; ConfigError when the EC/KV
-        configs do not fit this server (see ``check_transfers``)."""
-        problems = self.check_transfers(ec, kv, store_offload=store_offload)
-        if problems:
-            raise ConfigError(problems)
+    def argv(self, ec: ECConfig | None = None, kv: AnyKVConfig | None = None) -> list[str]:
+        """The arguments after ``python -m vllm.entrypoints.openai.api_server``. It does not check that the EC/KV
+        configs fit this server: ``transfer_rules.check_transfers`` does, before (a RoleBundle runs it)."""
         args = ["--model", self.model]
         if self.served_model_name is not None:
             args += ["--served-model-name", self.served_model_name]

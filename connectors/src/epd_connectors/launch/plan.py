@@ -78,12 +78,7 @@ def plan_launch(
             # The consumer's control server binds and advertises ec_ip; only the pod knows its own IP.
             ec_ip = _pod_address(ec.ec_ip, "ec_transfer.ec_ip", pod_ip)
             ec = ECMooncakeConsumer.model_validate({**ec.model_dump(), "ec_ip": ec_ip})
-        vllm_args = bundle.vllm.argv(
-            ec,
-            bundle.kv_transfer,
-            store_offload=mooncake.enable_offload if mooncake is not None else None,
-        )
-        argv = [sys.executable, "-m", SERVER_MODULE, *vllm_args]
+        argv = [sys.executable, "-m", SERVER_MODULE, *bundle.vllm.argv(ec, bundle.kv_transfer)]
     else:  # Role.PROXY
         argv = [PROXY_COMMAND, "--bundle", bundle_path]
     return LaunchPlan(argv=argv, env=env, files=files, waits=dependencies_of(bundle))

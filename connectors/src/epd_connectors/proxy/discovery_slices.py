@@ -11,8 +11,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from epd_connectors.config.bundle import ECControl
-from epd_connectors.proxy.roster import InstanceSpec, ProxyRole
+from epd_connectors.config.bundle import ECControl, Role
+from epd_connectors.proxy.roster import InstanceSpec
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 """The label every EndpointSlice of a Service carries (the watch selects on it)."""
@@ -22,7 +22,7 @@ SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 class RoleWatch:
     """One role's Service and how to address its pods."""
 
-    role: ProxyRole
+    role: Role
     service: str
     port: int | None = None
     """The port to use when a slice lists several: matched by number (None: the only or first port)."""

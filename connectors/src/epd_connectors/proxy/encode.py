@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from epd_connectors.config.bundle import Role
 from epd_connectors.proxy import routing
 from epd_connectors.proxy.backend import Backend
 from epd_connectors.proxy.errors import (
@@ -29,10 +30,10 @@ from epd_connectors.proxy.errors import (
 from epd_connectors.proxy.media import MediaItem, fetched_url
 from epd_connectors.proxy.metrics import ProxyMetrics
 from epd_connectors.proxy.rewrite import Encoded, EncoderBatch, batches, encoder_body, parse_encoder_answer
-from epd_connectors.proxy.roster import Instance, ProxyRole, Roster, outstanding
+from epd_connectors.proxy.roster import Instance, Roster, outstanding
 from epd_connectors.proxy.settings import ProxyOptions
 
-ROLE = ProxyRole.ENCODER
+ROLE = Role.ENCODER
 
 
 def record_failure(instance: Instance | None, error: ProxyError, metrics: ProxyMetrics, evict_after: int) -> None:

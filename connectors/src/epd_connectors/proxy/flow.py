@@ -16,7 +16,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from epd_connectors.config.bundle import KVProtocol
+from epd_connectors.config.bundle import KVProtocol, Role
 from epd_connectors.proxy import kv, routing
 from epd_connectors.proxy.backend import Backend, loads
 from epd_connectors.proxy.encode import EncodeStage, record_failure
@@ -30,7 +30,7 @@ from epd_connectors.proxy.errors import (
 from epd_connectors.proxy.media import MediaItem, find_media
 from epd_connectors.proxy.metrics import ProxyMetrics
 from epd_connectors.proxy.rewrite import consumer_body, new_transfer_id, with_uuids
-from epd_connectors.proxy.roster import Instance, ProxyRole, Roster, outstanding
+from epd_connectors.proxy.roster import Instance, Roster, outstanding
 from epd_connectors.proxy.settings import ProxyOptions
 
 _T = TypeVar("_T")
@@ -82,12 +82,12 @@ class Flow:
 
     async def run(self, request: ClientRequest) -> Answer:
         items = find_media(request.body) if request.path.endswith("/chat/completions") else []
-        if items and ProxyRole.ENCODER not in self.roster.roles:
+        if items and Role.ENCODER not in self.roster.roles:
             items = []  # no encoder pool: the consumer encodes the media itself
         role = self.roster.consumer_role
         return await self._with_retries(role, lambda consumer: self._via_consumer(request, items, consumer))
 
-    async def _with_retries(self, role: ProxyRole, attempt: Callable[[Instance], Awaitable[Answer]]) -> Answer:
+    async def _with_retries(self, role: Role, attempt: Callable[[Instance], Awaitable[Answer]]) -> Answer:
         """`attempt` on the least-loaded healthy instance of `role`, then on others while the failure is
         retryable and attempts remain."""
         tried: set[str] = set()
@@ -126,7 +126,7 @@ class Flow:
             # consumers from the start instead of all choosing the one that looked idle.
             with outstanding(consumer):
                 encoded, transfer_ids = await _as_role(
-                    ProxyRole.ENCODER, self.encode.run(body, items, zmq, request.request_id)
+                    Role.ENCODER, self.encode.run(body, items, zmq, request.request_id)
                 )
             body = consumer_body(body, items, encoded, transfer_ids)
             rewritten = sum(1 for item in items if item.uuid in encoded and encoded[item.uuid].metadata)
@@ -139,9 +139,9 @@ class Flow:
         if kv_params is not None:
             decode_body["kv_transfer_params"] = kv_params
         return await _as_role(
-            ProxyRole.DECODE,
+            Role.DECODE,
             self._with_retries(
-                ProxyRole.DECODE,
+                Role.DECODE,
                 lambda d: self._generate(request, d, decode_body, {"x-request-id": request.request_id}),
             ),
         )
@@ -247,7 +247,7 @@ async def _rest(chunks: AsyncIterator[bytes], url: str, idle_limit: float) -> As
             yield chunk
 
 
-async def _as_role(role: ProxyRole, work: Awaitable[_T]) -> _T:
+async def _as_role(role: Role, work: Awaitable[_T]) -> _T:
     """Tag errors from a nested stage with its role, so an outer retry loop does not blame its own instance."""
     try:
         return await work

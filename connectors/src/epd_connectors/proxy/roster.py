@@ -11,18 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from enum import StrEnum
 
+from epd_connectors.config.bundle import Role
 from epd_connectors.proxy.routing import Candidate
-
-
-class ProxyRole(StrEnum):
-    """The pools the proxy routes to. `pd` is a combined prefill+decode pool (no prefill pool exists)."""
-
-    ENCODER = "encoder"
-    PREFILL = "prefill"
-    DECODE = "decode"
-    PD = "pd"
 
 
 @dataclass(frozen=True)
@@ -41,7 +32,7 @@ class InstanceSpec:
 class Instance:
     """One instance and what the proxy has learned about it."""
 
-    role: ProxyRole
+    role: Role
     spec: InstanceSpec
     healthy: bool = False
     outstanding: int = 0
@@ -65,13 +56,13 @@ class Instance:
 class Roster:
     """Every role's instances; `roles` are the roles this deployment has (each one is required)."""
 
-    roles: frozenset[ProxyRole]
-    members: dict[ProxyRole, dict[str, Instance]] = field(default_factory=dict)
+    roles: frozenset[Role]
+    members: dict[Role, dict[str, Instance]] = field(default_factory=dict)
     version: int = 0
     """Bumped on every membership change (the prober and metrics look at it)."""
 
     @classmethod
-    def build(cls, specs: Mapping[ProxyRole, Sequence[InstanceSpec]], *, healthy: bool = False) -> Roster:
+    def build(cls, specs: Mapping[Role, Sequence[InstanceSpec]], *, healthy: bool = False) -> Roster:
         """A roster of the roles that have a list (possibly empty, for discovery to fill)."""
         roster = cls(frozenset(specs))
         for role, role_specs in specs.items():
@@ -81,19 +72,19 @@ class Roster:
     @property
     def split(self) -> bool:
         """True for a prefill/decode split, False for combined PD instances."""
-        return ProxyRole.PREFILL in self.roles
+        return Role.PREFILL in self.roles
 
     @property
-    def consumer_role(self) -> ProxyRole:
+    def consumer_role(self) -> Role:
         """The role that receives encoder output: prefill when split, else the PD pool."""
-        return ProxyRole.PREFILL if self.split else self.generator_role
+        return Role.PREFILL if self.split else self.generator_role
 
     @property
-    def generator_role(self) -> ProxyRole:
+    def generator_role(self) -> Role:
         """The role that produces the tokens the client reads."""
-        return ProxyRole.DECODE if ProxyRole.DECODE in self.roles else ProxyRole.PD
+        return Role.DECODE if Role.DECODE in self.roles else Role.PD
 
-    def replace(self, role: ProxyRole, specs: Iterable[InstanceSpec], *, healthy: bool = False) -> None:
+    def replace(self, role: Role, specs: Iterable[InstanceSpec], *, healthy: bool = False) -> None:
         """Make `specs` the role's members; instances that stay keep their state, new ones start `healthy`."""
         old = self.members.get(role, {})
         new: dict[str, Instance] = {}
@@ -112,18 +103,18 @@ class Roster:
             self.version += 1
         self.members[role] = new
 
-    def instances(self, role: ProxyRole | None = None) -> list[Instance]:
+    def instances(self, role: Role | None = None) -> list[Instance]:
         if role is not None:
             return list(self.members.get(role, {}).values())
         return [i for members in self.members.values() for i in members.values()]
 
-    def get(self, role: ProxyRole, url: str) -> Instance | None:
+    def get(self, role: Role, url: str) -> Instance | None:
         return self.members.get(role, {}).get(url)
 
-    def candidates(self, role: ProxyRole) -> list[Candidate]:
+    def candidates(self, role: Role) -> list[Candidate]:
         return [i.candidate() for i in self.members.get(role, {}).values()]
 
-    def healthy_roles(self) -> dict[ProxyRole, bool]:
+    def healthy_roles(self) -> dict[Role, bool]:
         """Per required role: does it have a healthy instance?"""
         return {role: any(i.healthy for i in self.instances(role)) for role in sorted(self.roles)}
 

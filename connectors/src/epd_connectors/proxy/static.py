@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from epd_connectors.config.bundle import Endpoint, Peers
+from epd_connectors.config.bundle import Endpoint, Peers, Role
 from epd_connectors.proxy.discovery_slices import RoleWatch
-from epd_connectors.proxy.roster import InstanceSpec, ProxyRole
+from epd_connectors.proxy.roster import InstanceSpec
 from epd_connectors.proxy.routing import split_ec_addresses
 
 
@@ -32,7 +32,7 @@ class StaticRoster:
     bootstrap_ports: Sequence[int] = field(default_factory=tuple)
     """MooncakeConnector bootstrap port per prefill URL, or one for all."""
 
-    def specs(self) -> dict[ProxyRole, list[InstanceSpec]]:
+    def specs(self) -> dict[Role, list[InstanceSpec]]:
         """The roster's roles and instances; ValueError for an inconsistent combination."""
         pd = list(self.pd) or ([] if self.prefill else list(self.decode))
         decode = list(self.decode) if self.prefill else []
@@ -51,17 +51,17 @@ class StaticRoster:
         ports = list(self.bootstrap_ports)
         if ports and len(ports) not in (1, len(self.prefill)):
             raise ValueError(f"{len(ports)} bootstrap ports for {len(self.prefill)} prefill instances")
-        specs: dict[ProxyRole, list[InstanceSpec]] = {}
+        specs: dict[Role, list[InstanceSpec]] = {}
         if self.encoders:
-            specs[ProxyRole.ENCODER] = [InstanceSpec(_base(u)) for u in self.encoders]
+            specs[Role.ENCODER] = [InstanceSpec(_base(u)) for u in self.encoders]
         if self.prefill:
-            specs[ProxyRole.PREFILL] = [
+            specs[Role.PREFILL] = [
                 InstanceSpec(_base(u), tuple(ec[u]), _bootstrap(u, ports[min(i, len(ports) - 1)]) if ports else None)
                 for i, u in enumerate(self.prefill)
             ]
-            specs[ProxyRole.DECODE] = [InstanceSpec(_base(u)) for u in decode]
+            specs[Role.DECODE] = [InstanceSpec(_base(u)) for u in decode]
         else:
-            specs[ProxyRole.PD] = [InstanceSpec(_base(u), tuple(ec[u])) for u in pd]
+            specs[Role.PD] = [InstanceSpec(_base(u), tuple(ec[u])) for u in pd]
         return specs
 
 
@@ -90,11 +90,11 @@ def watches_from_peers(peers: Peers) -> list[RoleWatch]:
     split = bool(peers.prefill)
     out: list[RoleWatch] = []
     for endpoint in peers.encoders:
-        out.append(RoleWatch(ProxyRole.ENCODER, _service(endpoint), port=endpoint.port))
+        out.append(RoleWatch(Role.ENCODER, _service(endpoint), port=endpoint.port))
     for prefill in peers.prefill:
         out.append(
             RoleWatch(
-                ProxyRole.PREFILL,
+                Role.PREFILL,
                 _service(prefill),
                 port=prefill.port,
                 ec=prefill.ec,
@@ -102,9 +102,9 @@ def watches_from_peers(peers: Peers) -> list[RoleWatch]:
             )
         )
     if split:
-        out += [RoleWatch(ProxyRole.DECODE, _service(e), port=e.port) for e in peers.decode]
+        out += [RoleWatch(Role.DECODE, _service(e), port=e.port) for e in peers.decode]
     else:
-        out += [RoleWatch(ProxyRole.PD, _service(e), port=e.port, ec=e.ec) for e in peers.pd]
+        out += [RoleWatch(Role.PD, _service(e), port=e.port, ec=e.ec) for e in peers.pd]
     return out
 
 

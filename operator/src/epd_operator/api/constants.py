@@ -38,15 +38,6 @@ MANAGED_BY: Final = "epd-operator"
 ANNOTATION_BUNDLE_HASH: Final = f"{GROUP}/bundle-hash"
 """On a role's pod template: the hash of its bundle, so a bundle change rolls exactly that role."""
 
-# Roles as they appear in labels, object names and status.roles.
-ROLE_MASTER: Final = "master"
-ROLE_STORE_CLIENT: Final = "store-client"
-ROLE_ENCODER: Final = "encoder"
-ROLE_PREFILL: Final = "prefill"
-ROLE_DECODE: Final = "decode"
-ROLE_PD: Final = "pd"
-ROLE_PROXY: Final = "proxy"
-
 # Condition types, in the order status reports them.
 COND_VALID: Final = "Valid"
 COND_STORE_READY: Final = "StoreReady"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from epd_connectors.config.bundle import Role
 from epd_operator.api import constants as c
 from epd_operator.api import kube as k
 from epd_operator.api._base import BYTE_SIZE_FORMAT, BYTE_SIZE_MARK, size_text
@@ -102,7 +103,7 @@ NAME_RULE: dict[str, str] = {
     "rule": f"size(self.metadata.name) <= {k.NAME_MAX} && self.metadata.name.matches(r'{k.DNS_1035}')",
     "message": f"metadata.name: an EPDDeployment name is at most {k.NAME_MAX} characters of lowercase letters, "
     "digits and '-', starting with a letter and ending alphanumeric (no dots: it names Services, and its "
-    f"store-client StatefulSet '<name>-{c.ROLE_STORE_CLIENT}' may have at most {k.STATEFULSET_NAME_MAX}). "
+    f"store-client StatefulSet '<name>-{Role.STORE_CLIENT}' may have at most {k.STATEFULSET_NAME_MAX}). "
     "Fix: use a shorter name of that form",
 }
 

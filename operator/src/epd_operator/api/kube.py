@@ -12,7 +12,7 @@ import re
 from decimal import Decimal
 from typing import Final
 
-from epd_operator.api import constants as c
+from epd_connectors.config.bundle import Role
 
 INT32_MAX: Final = 2**31 - 1
 """replicas, maxSurge and every count the workloads carry are int32 in the API; JSON admits int64."""
@@ -35,9 +35,9 @@ SERVICE_NAME_MAX: Final = 63
 """A Service name is a DNS-1035 label."""
 STATEFULSET_NAME_MAX: Final = 52
 """A StatefulSet's name plus "-<10-char revision hash>" must fit a 63-character label value."""
-NAME_MAX: Final = STATEFULSET_NAME_MAX - len(f"-{c.ROLE_STORE_CLIENT}")
+NAME_MAX: Final = STATEFULSET_NAME_MAX - len(f"-{Role.STORE_CLIENT}")
 """The longest EPDDeployment name: its store-client StatefulSet "<name>-store-client" is the binding limit."""
-POOL_NAME_MAX: Final = SERVICE_NAME_MAX - NAME_MAX - len(f"-{c.ROLE_PREFILL}-")
+POOL_NAME_MAX: Final = SERVICE_NAME_MAX - NAME_MAX - len(f"-{Role.PREFILL}-")
 """The longest prefill pool name: "<name>-prefill-<pool>" stays a Service name at NAME_MAX, so the one limit
 on metadata.name is NAME_MAX whatever the pools."""
 DNS_1035: Final = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"

@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from epd_connectors.config.base import ConfigError
 from epd_operator.api import constants as c
 from epd_operator.api.spec import EPDDeploymentSpec
 
@@ -49,12 +50,8 @@ class OperatorDefaults:
     """Extended resource name of a GPU."""
 
 
-class InvalidSpecError(ValueError):
+class InvalidSpecError(ConfigError):
     """The spec cannot be deployed; ``problems`` holds one message per problem (field, value, fix)."""
-
-    def __init__(self, problems: list[str]) -> None:
-        self.problems = problems
-        super().__init__("; ".join(problems))
 
 
 def parse_spec(spec: dict[str, Any]) -> EPDDeploymentSpec:

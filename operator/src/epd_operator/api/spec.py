@@ -1,106 +1,19 @@
-"""The EPDDeployment spec: what a user writes. Defaults and rules live next to the fields.
-
-Rules the API server can check are also attached as CEL (`x-kubernetes-validations`) so `kubectl apply`
-refuses them at once; every rule is enforced in Python too (`EPDDeploymentSpec` validators), which is what
-sets the Valid condition and what validates examples and Helm values offline.
+"""The EPDDeployment spec: what a user writes (the model and the store have modules of their own). Defaults and
+rules live next to the fields: each model's RULES are rows of `api._rules.Rule`, CEL and Python side by side.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import ConfigDict, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator
 
+from epd_connectors.config.base import Port
 from epd_operator.api import kube as k
-from epd_operator.api._base import ApiModel, EnvMap, LabelMap, NodePath, PositiveQuantity, Quantity, Resources
-
-_ANY_SCALAR = WithJsonSchema({"x-kubernetes-preserve-unknown-fields": True})
-"""A JSON scalar of any type (the CRD's structural schema has no union of types)."""
-
-
-def _cel(*rules: tuple[str, str]) -> ConfigDict:
-    """Attach CEL rules (rule, message) to a model's CRD schema."""
-    return ConfigDict(json_schema_extra={"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]})
-
-
-def _fail(field: str, value: object, problem: str, fix: str) -> ValueError:
-    return ValueError(f"{field} = {value!r}: {problem}. Fix: {fix}")
-
-
-class PvcSource(ApiModel):
-    """A PersistentVolumeClaim holding the weights (mounted read-only)."""
-
-    claim_name: str = Field(min_length=1, max_length=253, pattern=k.DNS_1123_SUBDOMAIN)
-    """Name of the claim in the EPDDeployment's namespace."""
-
-
-class HostPathSource(ApiModel):
-    """A directory on every node (for pre-staged weights)."""
-
-    path: NodePath
-    """Absolute path on the node."""
-
-
-class ImageSource(ApiModel):
-    """An OCI image holding the weights, mounted as an image volume (Kubernetes 1.33+)."""
-
-    reference: str = Field(min_length=1, max_length=k.STRING_MAX, pattern=k.IMAGE)
-    """Image reference, pinned by digest for reproducible prefixes."""
-    pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
-    """When the kubelet pulls the image."""
-
-
-class ModelSource(ApiModel):
-    """Where the weights come from: exactly one of pvc, hostPath, image."""
-
-    model_config = _cel(
-        (
-            "[has(self.pvc), has(self.hostPath), has(self.image)].filter(x, x).size() == 1",
-            "spec.model.source: give exactly one of pvc, hostPath or image",
-        )
-    )
-
-    pvc: PvcSource | None = None
-    """Weights on a PersistentVolumeClaim."""
-    host_path: HostPathSource | None = None
-    """Weights in a node directory."""
-    image: ImageSource | None = None
-    """Weights in an OCI image."""
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> Self:
-        given = [n for n, v in (("pvc", self.pvc), ("hostPath", self.host_path), ("image", self.image)) if v]
-        if len(given) != 1:
-            raise _fail("spec.model.source", given, "needs exactly one source", "give one of pvc, hostPath or image")
-        return self
-
-
-class ModelSpec(ApiModel):
-    """The model every role serves; its identity decides the cache prefixes."""
-
-    name: str = Field(min_length=1, max_length=k.STRING_MAX)
-    """Model identity, e.g. Qwen/Qwen2-VL-7B-Instruct. Part of every derived cache prefix."""
-    revision: str = Field(default="main", min_length=1, max_length=k.STRING_MAX)
-    """Weights revision (commit, tag or digest). A new revision gives new cache prefixes, so stale embeddings
-    and KV blocks are never reused."""
-    served_model_name: str | None = Field(default=None, min_length=1, max_length=k.STRING_MAX)
-    """The name clients send in requests; defaults to name."""
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
-    """Weights and activation dtype; part of the cache identity."""
-    source: ModelSource
-    """Where the weights are."""
-    path: str = Field(default="", max_length=k.STRING_MAX)
-    """Directory of the weights inside the source (relative); vLLM loads /models/<path>."""
-    mm_processor_cache_gb: float = Field(default=4.0, ge=0, le=k.SIZE_MAX // 1024**3, alias="mmProcessorCacheGB")
-    """GiB of vLLM's multimodal processor cache per instance; cross-encoder reuse needs it above 0."""
-    mm_processor_kwargs: dict[str, Annotated[str | int | float | bool, _ANY_SCALAR]] = Field(
-        default={}, max_length=k.MAP_MAX
-    )
-    """vLLM --mm-processor-kwargs (e.g. max_pixels). They change encoder output, so they are part of the
-    embedding cache identity."""
-    block_size: int | None = Field(default=None, ge=1, le=k.INT32_MAX)
-    """KV cache block size in tokens (vLLM --block-size) of every prefill, decode and PD instance; one value for
-    all, since KV moves between them in blocks. vLLM's default when unset (the CPU build needs 32)."""
+from epd_operator.api._base import ApiModel, EnvMap, LabelMap, PositiveQuantity, Resources
+from epd_operator.api._rules import Rule, RuledModel
+from epd_operator.api.model import HostPathSource, ModelSpec, PvcSource
+from epd_operator.api.store import StoreSpec
 
 
 class Images(ApiModel):
@@ -114,180 +27,25 @@ class Images(ApiModel):
     """Image for the Mooncake master and store clients."""
 
 
-class MasterSpec(ApiModel):
-    """The Mooncake master (the store's metadata service)."""
-
-    rpc_port: int = Field(default=50051, ge=1, le=65535)
-    """Clients' RPC port."""
-    metrics_port: int = Field(default=9003, ge=1, le=65535)
-    """Serves /metrics and /health (the readiness probe)."""
-    http_metadata_server: bool = False
-    """Serve transfer-engine metadata over HTTP instead of peer-to-peer handshakes."""
-    http_metadata_port: int = Field(default=8080, ge=1, le=65535)
-    """Port of that metadata server."""
-    eviction_high_watermark_ratio: float = Field(default=0.9, ge=0, le=1)
-    """Pool fill ratio at which eviction starts."""
-    eviction_ratio: float = Field(default=0.05, ge=0, le=1)
-    """Fraction evicted per round."""
-    resources: Resources = Resources()
-    """The master's resources (1 CPU and 2 GiB requested when empty)."""
-    node_selector: LabelMap = {}
-    """Nodes for the master (e.g. CPU nodes: it holds no GPU memory)."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_ha_yet(cls, data: Any) -> Any:
-        # Kept out of the CRD until HA masters are built: the API server refuses the unknown field,
-        # and offline validation says why rather than "extra inputs are not permitted".
-        if isinstance(data, dict) and "ha" in data:
-            raise ValueError(
-                "spec.store.master.ha: HA masters are not supported yet (they need the pod IP as the master's "
-                "rpc_address). Fix: remove spec.store.master.ha (a single master restarts in seconds)"
-            )
-        return data
-
-
-class OffloadSpec(ApiModel):
-    """The SSD tier under each store client."""
-
-    enabled: bool = False
-    """Keep evicted objects on local disk (master, store clients and vLLM JSON are switched together)."""
-    size_limit: PositiveQuantity = 100 * 1024**3
-    """Disk space per store client."""
-    host_path: NodePath | None = None
-    """A node directory for the tier; an emptyDir of size_limit when unset."""
-
-
-class StoreClientsSpec(ApiModel):
-    """Standalone store clients: the processes that own the RAM pool."""
-
-    model_config = _cel(
-        (
-            "!has(self.perNode) || !self.perNode || !has(self.replicas) || self.replicas <= 1",
-            "spec.store.clients: perNode runs one per node; leave replicas at 1",
-        ),
-    )
-
-    replicas: int = Field(default=1, ge=0, le=k.REPLICAS_MAX)
-    """Number of store clients (a StatefulSet); ignored with perNode."""
-    per_node: bool = False
-    """One store client on every node matching nodeSelector (a DaemonSet)."""
-    node_selector: LabelMap = {}
-    """Nodes for the store clients."""
-    port: int = Field(default=50052, ge=1, le=65535)
-    """The client's RPC port."""
-    segment_size: PositiveQuantity = 4 * 1024**3
-    """RAM each client contributes to the pool."""
-    local_buffer_size: Quantity = 0
-    """Registered staging buffer of the client itself."""
-    offload: OffloadSpec = OffloadSpec()
-    """The SSD tier."""
-    resources: Resources = Resources()
-    """Extra resources; memory is raised to at least segment + buffer + overhead."""
-
-
-class TenantSpec(ApiModel):
-    """The store tenant this deployment reads and writes under."""
-
-    id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-    """Tenant id; derived from the namespace and name when unset (stable for the deployment's life)."""
-    isolation: bool = False
-    """Strict isolation: the master admits only listed tenants and enforces quotas."""
-    quota: PositiveQuantity | None = None
-    """The tenant's byte quota with isolation; the whole pool when unset."""
-
-
-class MetricsPeerSpec(ApiModel):
-    """Pods admitted to the store's metrics ports (a NetworkPolicy peer): those matching both selectors given."""
-
-    model_config = _cel(
-        (
-            "has(self.namespaceSelector) || has(self.podSelector)",
-            "spec.store.metricsFrom[]: a peer needs namespaceSelector or podSelector",
-        ),
-    )
-
-    namespace_selector: LabelMap | None = None
-    """Labels of the scraper's namespace (e.g. kubernetes.io/metadata.name: monitoring); unset: this namespace."""
-    pod_selector: LabelMap | None = None
-    """Labels of the scraper's pods; unset: every pod of the selected namespaces."""
-
-    @model_validator(mode="after")
-    def _selects_something(self) -> Self:
-        if self.namespace_selector is None and self.pod_selector is None:
-            raise _fail(
-                "spec.store.metricsFrom[]",
-                {},
-                "a peer needs namespaceSelector or podSelector",
-                "name the scraper's namespace or pods, e.g. namespaceSelector: {app: monitoring}",
-            )
-        return self
-
-
-class StoreSpec(ApiModel):
-    """The Mooncake store."""
-
-    model_config = _cel(
-        (
-            "!has(self.mode) || self.mode != 'standalone' || !has(self.clients) "
-            "|| (has(self.clients.perNode) && self.clients.perNode) "
-            "|| !has(self.clients.replicas) || self.clients.replicas > 0",
-            "spec.store.clients: standalone mode needs store clients; set clients.replicas > 0 or clients.perNode",
-        ),
-    )
-
-    mode: Literal["standalone", "embedded"] = "standalone"
-    """standalone: store clients own the pool and vLLM ranks are pure requesters; embedded: each vLLM rank
-    contributes embeddedSegmentSize of its own memory."""
-    protocol: Literal["rdma", "tcp"] = "rdma"
-    """Transport for every store and transfer connection."""
-    device_name: str = Field(default="", max_length=k.STRING_MAX)
-    """RDMA devices (e.g. mlx5_0); empty lets Mooncake choose."""
-    master: MasterSpec = MasterSpec()
-    """The master."""
-    clients: StoreClientsSpec = StoreClientsSpec()
-    """Store clients (standalone mode)."""
-    embedded_segment_size: PositiveQuantity = 4 * 1024**3
-    """RAM each vLLM rank contributes in embedded mode."""
-    local_buffer_size: PositiveQuantity = 512 * 1024**2
-    """Registered transfer buffer of each vLLM rank."""
-    tenant: TenantSpec = TenantSpec()
-    """Tenant and isolation."""
-    kv_cache_prefix: str | None = Field(default=None, max_length=k.STRING_MAX, pattern=r"^[^@\s]+$")
-    """Override of the derived KV cache prefix (MooncakeStoreConnector cache_prefix)."""
-    metrics_from: list[MetricsPeerSpec] = Field(default=[], max_length=k.MAP_MAX)
-    """Who may scrape the master's and the store clients' metrics ports besides the store's users (Prometheus).
-    The master's metrics port also serves Mooncake's admin API, so admit only the scraper."""
-
-    @model_validator(mode="after")
-    def _standalone_has_clients(self) -> Self:
-        if self.mode == "standalone" and not (self.clients.per_node or self.clients.replicas > 0):
-            raise _fail(
-                "spec.store.clients.replicas",
-                self.clients.replicas,
-                "standalone mode needs store clients",
-                "set clients.replicas > 0 or clients.perNode",
-            )
-        return self
-
-
-class SharedStorageSpec(ApiModel):
+class SharedStorageSpec(RuledModel):
     """A volume every encoder and consumer mounts, for the shared-storage (example) connectors."""
 
-    model_config = _cel(
-        ("[has(self.pvc), has(self.hostPath)].filter(x, x).size() == 1", "spec.sharedStorage: give pvc or hostPath"),
+    RULES: ClassVar[tuple[Rule[SharedStorageSpec], ...]] = (
+        Rule(
+            "spec.sharedStorage",
+            lambda s: (s.pvc is None) != (s.host_path is None),
+            lambda s: "pvc/hostPath",
+            "needs exactly one volume",
+            "give pvc or hostPath",
+            cel="[has(self.pvc), has(self.hostPath)].filter(x, x).size() == 1",
+            cel_message="spec.sharedStorage: give pvc or hostPath",
+        ),
     )
 
     pvc: PvcSource | None = None
     """A ReadWriteMany claim."""
     host_path: HostPathSource | None = None
     """A node directory (single node only)."""
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> Self:
-        if (self.pvc is None) == (self.host_path is None):
-            raise _fail("spec.sharedStorage", "pvc/hostPath", "needs exactly one volume", "give pvc or hostPath")
-        return self
 
 
 class CrossEncoderCacheSpec(ApiModel):
@@ -342,6 +100,16 @@ class EncoderSpec(_RoleCommon):
     cross_encoder_cache: CrossEncoderCacheSpec = CrossEncoderCacheSpec()
     """Reuse of encoder outputs across encoders."""
 
+    @property
+    def pushes_embeddings(self) -> bool:
+        """ECMooncakeConnector: encoders push embeddings to each consumer's EC control port."""
+        return self.connector == "mooncake"
+
+    @property
+    def uses_shared_storage(self) -> bool:
+        """ECExampleConnector: embeddings go through a folder of spec.sharedStorage."""
+        return self.connector == "shared-storage"
+
 
 KVConnector = Literal["mooncake", "mooncake-store", "mooncake+store", "shared-storage"]
 
@@ -357,6 +125,21 @@ class PrefillKVSpec(ApiModel):
     lookup_async: bool = False
     """MooncakeStoreConnector: look up the store asynchronously."""
 
+    @property
+    def uses_store(self) -> bool:
+        """MooncakeStoreConnector moves KV through the store (alone or beside P2P)."""
+        return self.connector in ("mooncake-store", "mooncake+store")
+
+    @property
+    def uses_p2p(self) -> bool:
+        """MooncakeConnector hands KV over from prefill to decode (alone or beside the store)."""
+        return self.connector in ("mooncake", "mooncake+store")
+
+    @property
+    def uses_shared_storage(self) -> bool:
+        """ExampleConnector: KV goes through a folder of spec.sharedStorage."""
+        return self.connector == "shared-storage"
+
 
 _RESERVED = "[" + ", ".join(f"'{n}'" for n in k.RESERVED_POOL_NAMES) + "]"
 _POOL_NAME_FIX = (
@@ -368,8 +151,16 @@ _POOL_NAME_FIX = (
 class PrefillPoolSpec(ApiModel):
     """One more prefill pool, with its own TP size."""
 
-    model_config = _cel(
-        (f"!(self.name in {_RESERVED})", f"spec.prefill.additionalPools[].name: reserved. Fix: {_POOL_NAME_FIX}"),
+    # CEL of the field validator below, which stays a field rule so its message names the pool's index.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"!(self.name in {_RESERVED})",
+                    "message": f"spec.prefill.additionalPools[].name: reserved. Fix: {_POOL_NAME_FIX}",
+                }
+            ]
+        }
     )
 
     name: str = Field(max_length=k.POOL_NAME_MAX, pattern=k.POOL_NAME)
@@ -438,7 +229,7 @@ class ProxyServiceSpec(ApiModel):
 
     type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
     """Service type."""
-    port: int = Field(default=8000, ge=1, le=65535)
+    port: Port = 8000
     """Port clients call (OpenAI-compatible API)."""
 
 
@@ -464,44 +255,102 @@ class ProxySpec(ApiModel):
     """Nodes for the proxy (e.g. CPU nodes beside the GPU pool)."""
 
 
-_SPEC_RULES = _cel(
-    (
-        "!self.encoder.crossEncoderCache.enabled || has(self.store)",
-        "spec.encoder.crossEncoderCache: cross-encoder reuse needs a Mooncake store; add spec.store",
-    ),
-    (
-        "!self.encoder.crossEncoderCache.enabled || !has(self.store) || !self.store.clients.offload.enabled",
-        "spec.store.clients.offload.enabled: cross-encoder reuse needs a RAM-only store; disable offload",
-    ),
-    (
-        "!self.encoder.crossEncoderCache.enabled || self.encoder.tensorParallelSize == 1",
-        "spec.encoder.tensorParallelSize: cross-encoder reuse needs encoder TP 1",
-    ),
-    (
-        "self.encoder.connector != 'mooncake' || self.encoder.tensorParallelSize == 1",
-        "spec.encoder.tensorParallelSize: the Mooncake EC connector needs encoder TP 1; scale by replicas",
-    ),
-    (
-        "!has(self.prefill) || has(self.prefill.kv)",
-        "spec.prefill.kv: a prefill pool needs a KV connector; set spec.prefill.kv.connector",
-    ),
-    (
-        "!has(self.prefill) || !has(self.prefill.kv) || !self.prefill.kv.connector.contains('store') "
-        "|| has(self.store)",
-        "spec.prefill.kv.connector: the store KV connectors need spec.store",
-    ),
-    (
-        "(self.encoder.connector != 'shared-storage' && (!has(self.prefill) || !has(self.prefill.kv) "
-        "|| self.prefill.kv.connector != 'shared-storage')) || has(self.sharedStorage)",
-        "spec.sharedStorage: the shared-storage connectors need a shared volume; set spec.sharedStorage",
-    ),
-)
+_STORE = "needs a Mooncake store"
 
 
-class EPDDeploymentSpec(ApiModel):
+class EPDDeploymentSpec(RuledModel):
     """One encoder-disaggregated multimodal deployment: encoders, prefill and decode (or PD), proxy, store."""
 
-    model_config = ConfigDict(**{**ApiModel.model_config, **_SPEC_RULES})
+    RULES: ClassVar[tuple[Rule[EPDDeploymentSpec], ...]] = (
+        Rule(
+            "spec.encoder.crossEncoderCache.enabled",
+            lambda s: not s.encoder.cross_encoder_cache.enabled or s.store is not None,
+            lambda s: True,
+            _STORE,
+            "add spec.store",
+            cel="!self.encoder.crossEncoderCache.enabled || has(self.store)",
+            cel_message="spec.encoder.crossEncoderCache: cross-encoder reuse needs a Mooncake store; add spec.store",
+        ),
+        Rule(
+            "spec.store.clients.offload.enabled",
+            lambda s: (
+                not s.encoder.cross_encoder_cache.enabled or s.store is None or not s.store.clients.offload.enabled
+            ),
+            lambda s: True,
+            "cross-encoder reuse needs a RAM-only store",
+            "disable offload",
+            cel="!self.encoder.crossEncoderCache.enabled || !has(self.store) || !self.store.clients.offload.enabled",
+        ),
+        # No CEL: a deployment the API server admits and render refuses shows in the Valid condition.
+        Rule(
+            "spec.model.mmProcessorCacheGB",
+            lambda s: not s.encoder.cross_encoder_cache.enabled or s.model.mm_processor_cache_gb > 0,
+            lambda s: s.model.mm_processor_cache_gb,
+            "cross-encoder reuse needs the processor cache",
+            "set it above 0",
+        ),
+        Rule(
+            "spec.encoder.connector",
+            lambda s: not s.encoder.cross_encoder_cache.enabled or s.encoder.pushes_embeddings,
+            lambda s: s.encoder.connector,
+            "cross-encoder reuse needs the Mooncake EC connector",
+            "use connector: mooncake",
+            cel="!self.encoder.crossEncoderCache.enabled || self.encoder.connector == 'mooncake'",
+            cel_message="spec.encoder.connector: cross-encoder reuse needs the Mooncake EC connector; "
+            "use connector: mooncake",
+        ),
+        Rule(
+            "spec.encoder.tensorParallelSize",
+            lambda s: not s.encoder.pushes_embeddings or s.encoder.tensor_parallel_size == 1,
+            lambda s: s.encoder.tensor_parallel_size,
+            "the Mooncake EC connector needs encoder TP 1",
+            "scale encoders by replicas",
+            cel="self.encoder.connector != 'mooncake' || self.encoder.tensorParallelSize == 1",
+            cel_message="spec.encoder.tensorParallelSize: the Mooncake EC connector needs encoder TP 1; "
+            "scale by replicas",
+        ),
+        Rule(
+            "spec.prefill.kv",
+            lambda s: s.prefill is None or s.prefill.kv is not None,
+            lambda s: None,
+            "a prefill pool needs a KV connector",
+            "set spec.prefill.kv.connector",
+            cel="!has(self.prefill) || has(self.prefill.kv)",
+        ),
+        Rule(
+            "spec.prefill.kv.connector",
+            lambda s: s.prefill_kv is None or not s.prefill_kv.uses_store or s.store is not None,
+            lambda s: s.prefill_kv.connector if s.prefill_kv else None,
+            _STORE,
+            "add spec.store",
+            cel="!has(self.prefill) || !has(self.prefill.kv) || !self.prefill.kv.connector.contains('store') "
+            "|| has(self.store)",
+            cel_message="spec.prefill.kv.connector: the store KV connectors need spec.store",
+        ),
+        Rule(
+            "spec.decode.kv.storeOffload",
+            lambda s: s.prefill is None or not s.decode.kv.store_offload,
+            lambda s: True,
+            "applies to combined PD only",
+            "remove it, or remove spec.prefill",
+        ),
+        Rule(
+            "spec.decode.kv.storeOffload",
+            lambda s: not s.decode.kv.store_offload or s.store is not None,
+            lambda s: True,
+            _STORE,
+            "add spec.store",
+        ),
+        Rule(
+            "spec.sharedStorage",
+            lambda s: not s.uses_shared_storage or s.shared_storage is not None,
+            lambda s: None,
+            "the shared-storage connectors need a shared volume",
+            "set spec.sharedStorage",
+            cel="(self.encoder.connector != 'shared-storage' && (!has(self.prefill) || !has(self.prefill.kv) "
+            "|| self.prefill.kv.connector != 'shared-storage')) || has(self.sharedStorage)",
+        ),
+    )
 
     model: ModelSpec
     """The model."""
@@ -520,107 +369,28 @@ class EPDDeploymentSpec(ApiModel):
     proxy: ProxySpec = ProxySpec()
     """The proxy."""
 
-    @model_validator(mode="after")
-    def _cross_field_rules(self) -> Self:
-        problems = spec_problems(self)
-        if problems:
-            raise ValueError("; ".join(problems))
-        return self
+    @property
+    def prefill_kv(self) -> PrefillKVSpec | None:
+        """The KV connector between prefill and decode; None for combined PD."""
+        return self.prefill.kv if self.prefill is not None else None
 
+    @property
+    def store_kv_split(self) -> bool:
+        """Prefill and decode exchange KV through the store (mooncake-store or mooncake+store)."""
+        return self.prefill_kv is not None and self.prefill_kv.uses_store
 
-def spec_problems(spec: EPDDeploymentSpec) -> list[str]:
-    """The Python side of every CEL rule above, plus those CEL cannot express; one message each."""
-    found: list[str] = []
-    enc, store, prefill = spec.encoder, spec.store, spec.prefill
-    if enc.cross_encoder_cache.enabled:
-        if store is None:
-            found.append(
-                str(_fail("spec.encoder.crossEncoderCache.enabled", True, "needs a Mooncake store", "add spec.store"))
-            )
-        elif store.clients.offload.enabled:
-            found.append(
-                str(
-                    _fail(
-                        "spec.store.clients.offload.enabled",
-                        True,
-                        "cross-encoder reuse needs a RAM-only store",
-                        "disable offload",
-                    )
-                )
-            )
-        if spec.model.mm_processor_cache_gb <= 0:
-            found.append(
-                str(
-                    _fail(
-                        "spec.model.mmProcessorCacheGB",
-                        spec.model.mm_processor_cache_gb,
-                        "cross-encoder reuse needs the processor cache",
-                        "set it above 0",
-                    )
-                )
-            )
-        if enc.connector != "mooncake":
-            found.append(
-                str(
-                    _fail(
-                        "spec.encoder.connector",
-                        enc.connector,
-                        "cross-encoder reuse needs the Mooncake EC connector",
-                        "use connector: mooncake",
-                    )
-                )
-            )
-    if enc.connector == "mooncake" and enc.tensor_parallel_size != 1:
-        found.append(
-            str(
-                _fail(
-                    "spec.encoder.tensorParallelSize",
-                    enc.tensor_parallel_size,
-                    "the Mooncake EC connector needs encoder TP 1",
-                    "scale encoders by replicas",
-                )
-            )
-        )
-    if prefill is not None:
-        if prefill.kv is None:
-            found.append(
-                str(
-                    _fail(
-                        "spec.prefill.kv", None, "a prefill pool needs a KV connector", "set spec.prefill.kv.connector"
-                    )
-                )
-            )
-        elif "store" in prefill.kv.connector and store is None:
-            found.append(
-                str(
-                    _fail("spec.prefill.kv.connector", prefill.kv.connector, "needs a Mooncake store", "add spec.store")
-                )
-            )
-        if spec.decode.kv.store_offload:
-            found.append(
-                str(
-                    _fail(
-                        "spec.decode.kv.storeOffload",
-                        True,
-                        "applies to combined PD only",
-                        "remove it, or remove spec.prefill",
-                    )
-                )
-            )
-    if spec.decode.kv.store_offload and store is None:
-        found.append(str(_fail("spec.decode.kv.storeOffload", True, "needs a Mooncake store", "add spec.store")))
-    uses_shared = enc.connector == "shared-storage" or (
-        prefill is not None and prefill.kv is not None and prefill.kv.connector == "shared-storage"
-    )
-    if uses_shared and spec.shared_storage is None:
-        found.append(
-            str(
-                _fail(
-                    "spec.sharedStorage",
-                    None,
-                    "the shared-storage connectors need a shared volume",
-                    "set spec.sharedStorage",
-                )
-            )
-        )
-    return found
+    @property
+    def p2p_kv(self) -> bool:
+        """Prefill and decode run MooncakeConnector (and so the prefill's bootstrap server)."""
+        return self.prefill_kv is not None and self.prefill_kv.uses_p2p
+
+    @property
+    def uses_kv_store(self) -> bool:
+        """Some role keeps KV in the store: a store split, or combined PD offloading to it."""
+        return self.store_kv_split or (self.prefill is None and self.decode.kv.store_offload)
+
+    @property
+    def uses_shared_storage(self) -> bool:
+        """An EC or KV shared-storage connector moves data through spec.sharedStorage."""
+        kv_shared = self.prefill_kv is not None and self.prefill_kv.uses_shared_storage
+        return self.encoder.uses_shared_storage or kv_shared

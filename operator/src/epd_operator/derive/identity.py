@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from epd_connectors.config.mooncake import TENANT_RE
-from epd_operator.api.spec import ModelSpec
+from epd_operator.api.model import ModelSpec
 
 TENANT_MAX_LEN = 63
 """Mooncake's tenant rule as the connector library narrows it (TENANT_RE): 1-63 characters."""

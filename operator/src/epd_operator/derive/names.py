@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from epd_connectors.config.bundle import Role
 from epd_connectors.config.master import MasterConfig
-from epd_operator.api import constants as c
 from epd_operator.api.kube import DNS_1035, SERVICE_NAME_MAX, STATEFULSET_NAME_MAX
 from epd_operator.derive.site import ClusterNetwork, Network
 
@@ -21,13 +21,13 @@ MAIN_POOL = "main"
 
 
 ROLES = (
-    c.ROLE_MASTER,
-    c.ROLE_STORE_CLIENT,
-    c.ROLE_ENCODER,
-    c.ROLE_PREFILL,
-    c.ROLE_DECODE,
-    c.ROLE_PD,
-    c.ROLE_PROXY,
+    Role.MASTER,
+    Role.STORE_CLIENT,
+    Role.ENCODER,
+    Role.PREFILL,
+    Role.DECODE,
+    Role.PD,
+    Role.PROXY,
 )
 ROLE_TOKENS = frozenset(role.split("-")[0] for role in ROLES)
 """The first hyphen-separated token of every role name: every child's name is "<name>-<role>..." (see Names)."""
@@ -68,7 +68,7 @@ class Names:
 
     @property
     def master_host(self) -> str:
-        return self.host(self.workload(c.ROLE_MASTER))
+        return self.host(self.workload(Role.MASTER))
 
     def master_address(self, master: MasterConfig) -> str:
         """master_server_address of every store user (HOST:RPC_PORT through the master's Service)."""
@@ -86,7 +86,7 @@ class Names:
 
     def proxy_url(self, service_port: int) -> str:
         """The deployment's endpoint: the proxy Service (OpenAI-compatible API)."""
-        return f"http://{self.host(self.workload(c.ROLE_PROXY))}:{service_port}"
+        return f"http://{self.host(self.workload(Role.PROXY))}:{service_port}"
 
 
 def name_problems(names: Names, services: list[str], statefulsets: list[str]) -> list[str]:
@@ -99,7 +99,7 @@ def name_problems(names: Names, services: list[str], statefulsets: list[str]) ->
                 f"metadata.name = {names.deployment!r}: the Service {service!r} would not be a DNS label "
                 f"(lowercase letters, digits, '-', starting with a letter, at most {SERVICE_NAME_MAX}). "
                 f"Fix: use a name of that form with at most {max(room, 1)} characters"
-                + (" (or shorter prefill pool names)" if f"-{c.ROLE_PREFILL}-" in service else "")
+                + (" (or shorter prefill pool names)" if f"-{Role.PREFILL}-" in service else "")
             )
     for sts in statefulsets:
         if len(sts) > STATEFULSET_NAME_MAX:

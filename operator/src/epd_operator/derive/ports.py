@@ -12,7 +12,7 @@ from typing import Final
 from epd_connectors.config.ec_transfer import DEFAULT_EC_PORT, ec_consumer_ports
 from epd_connectors.config.kv_transfer import DEFAULT_BOOTSTRAP_PORT
 from epd_connectors.config.store_client import DEFAULT_HTTP_PORT
-from epd_operator.api.spec import MasterSpec, StoreClientsSpec
+from epd_operator.api.store import MasterSpec, StoreClientsSpec
 
 VLLM_HTTP_PORT: Final = 8000
 """vLLM's OpenAI server, also /health and /metrics (vLLM's default port)."""

@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from epd_connectors.config.base import ConfigError
 from epd_connectors.config.bundle import Role, RoleBundle, parse_bundle
 from epd_operator.api import constants as c
 from epd_operator.api.resource import InvalidSpecError, OperatorDefaults, Owner, parse_spec
@@ -28,12 +29,8 @@ POD_IP = LOOPBACK
 """What epd-launch puts where a bundle says POD_IP_PLACEHOLDER (a store client's host, an EC consumer's ec_ip)."""
 
 
-class LocalPlanError(ValueError):
+class LocalPlanError(ConfigError):
     """The manifest cannot run locally; ``problems`` holds one line each (field, problem, fix)."""
-
-    def __init__(self, problems: list[str]) -> None:
-        self.problems = problems
-        super().__init__("; ".join(problems))
 
 
 @dataclass(frozen=True)

@@ -91,7 +91,7 @@ def apply_profile(spec: EPDDeploymentSpec, profile: LocalProfile) -> tuple[EPDDe
     if profile.block_size is not None and model.block_size != profile.block_size:
         changed("spec.model.blockSize", model.block_size, profile.block_size)
         model = model.model_copy(update={"block_size": profile.block_size})
-    uses_ec_buffer = encoder.connector == "mooncake"  # ECExampleConnector has no transfer buffer
+    uses_ec_buffer = encoder.pushes_embeddings  # ECExampleConnector has no transfer buffer
     if profile.ec_buffer_device is not None and uses_ec_buffer and encoder.buffer_device != profile.ec_buffer_device:
         changed("spec.encoder.bufferDevice", encoder.buffer_device, profile.ec_buffer_device)
         encoder = encoder.model_copy(update={"buffer_device": profile.ec_buffer_device})

@@ -13,7 +13,7 @@ from epd_connectors.config.mooncake import MooncakeStoreConfig, Protocol, StoreM
 from epd_connectors.config.store_client import StoreClientConfig
 from epd_operator.api import constants as c
 from epd_operator.api.resource import InvalidSpecError
-from epd_operator.api.spec import StoreSpec
+from epd_operator.api.store import StoreSpec
 from epd_operator.derive import ports
 from epd_operator.render.context import Context
 
@@ -39,7 +39,7 @@ def master_config(ctx: Context) -> MasterConfig:
     if store.tenant.isolation:
         quota = store.tenant.quota or UNBOUNDED_QUOTA
         policy = TenantQuotaPolicy(tenants=(TenantQuota(name=ctx.tenant_id, quota=quota),))
-    workload = ctx.names.workload(c.ROLE_MASTER)
+    workload = ctx.names.workload(Role.MASTER)
     policy_file = f"{ctx.site.paths.work_dir}/{TENANT_POLICY_NAME}"
     # A site that binds one address (the local runner's loopback) gets every listener of the master on it;
     # a cluster keeps Mooncake's all-interfaces default (probes and peers come to the pod's IP).
@@ -69,7 +69,7 @@ def store_client_config(ctx: Context, master: MasterConfig) -> StoreClientConfig
     store = _store(ctx)
     clients = store.clients
     offload = clients.offload.enabled
-    workload = ctx.names.workload(c.ROLE_STORE_CLIENT)
+    workload = ctx.names.workload(Role.STORE_CLIENT)
     return StoreClientConfig(
         host=ctx.own_address,
         port=ctx.port(workload, ports.RPC, clients.port),

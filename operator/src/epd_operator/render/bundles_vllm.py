@@ -7,13 +7,12 @@ its hash rolls exactly that role. The vLLM flags come from one spec field each; 
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import cast
 
-from epd_connectors.config.bundle import Peers, Role, RoleBundle
+from epd_connectors.config.bundle import VLLM_ROLES, Peers, Role, RoleBundle, needs_store
 from epd_connectors.config.master import MasterConfig
 from epd_connectors.config.mooncake import MooncakeStoreConfig
-from epd_connectors.config.vllm import VllmServerConfig
-from epd_operator.api import constants as c
+from epd_connectors.config.vllm import VllmRole, VllmServerConfig
 from epd_operator.api.spec import DecodeSpec, EncoderSpec, PrefillSpec
 from epd_operator.derive import ports
 from epd_operator.render import transfer
@@ -23,14 +22,6 @@ from epd_operator.render.context import Context, Unit
 MM_PROCESSOR_KWARGS_FLAG = "--mm-processor-kwargs"
 """Rendered from spec.model.mmProcessorKwargs, which is part of the embedding cache identity; so a user may not
 pass it in extraArgs as well (render.rules refuses it)."""
-
-VllmRoleName = Literal["encoder", "prefill", "decode", "pd"]
-_VLLM_ROLES: dict[str, VllmRoleName] = {
-    c.ROLE_ENCODER: "encoder",
-    c.ROLE_PREFILL: "prefill",
-    c.ROLE_DECODE: "decode",
-    c.ROLE_PD: "pd",
-}
 
 
 def model_path(ctx: Context) -> str:
@@ -42,9 +33,9 @@ def model_path(ctx: Context) -> str:
 
 def role_spec(ctx: Context, unit: Unit) -> EncoderSpec | PrefillSpec | DecodeSpec:
     """The spec section a unit's extraArgs, env, resources and nodeSelector come from (pools use prefill's)."""
-    if unit.role == c.ROLE_ENCODER:
+    if unit.role == Role.ENCODER:
         return ctx.spec.encoder
-    if unit.role == c.ROLE_PREFILL and ctx.spec.prefill is not None:
+    if unit.role == Role.PREFILL and ctx.spec.prefill is not None:
         return ctx.spec.prefill
     return ctx.spec.decode
 
@@ -53,12 +44,13 @@ def server_config(ctx: Context, unit: Unit) -> VllmServerConfig:
     """One vLLM server: model and identity from spec.model, parallelism from the unit, the seed derived."""
     model = ctx.spec.model
     section = role_spec(ctx, unit)
-    role = _VLLM_ROLES[unit.role]
+    assert unit.role in VLLM_ROLES, unit.role
+    role = cast(VllmRole, unit.role.value)
     extra: list[str] = []
     if model.mm_processor_kwargs:
         kwargs = json.dumps(dict(sorted(model.mm_processor_kwargs.items())), separators=(",", ":"))
         extra += [MM_PROCESSOR_KWARGS_FLAG, kwargs]
-    cross_encoder = unit.role == c.ROLE_ENCODER and ctx.spec.encoder.cross_encoder_cache.enabled
+    cross_encoder = unit.role == Role.ENCODER and ctx.spec.encoder.cross_encoder_cache.enabled
     return VllmServerConfig(
         role=role,
         model=model_path(ctx),
@@ -67,7 +59,7 @@ def server_config(ctx: Context, unit: Unit) -> VllmServerConfig:
         **ctx.bind_host,
         dtype=model.dtype,
         tensor_parallel_size=unit.tensor_parallel_size,
-        block_size=model.block_size if unit.role != c.ROLE_ENCODER else None,
+        block_size=model.block_size if unit.role != Role.ENCODER else None,
         max_num_batched_tokens=section.max_num_batched_tokens,
         enforce_eager=section.enforce_eager,
         mm_processor_cache_gb=model.mm_processor_cache_gb,
@@ -89,16 +81,16 @@ def vllm_bundle(
     """The role's bundle; the Mooncake JSON and the master waits only where a connector uses the store."""
     server = server_config(ctx, unit)
     ec = None
-    if unit.role == c.ROLE_ENCODER:
+    if unit.role == Role.ENCODER:
         ec = transfer.encoder_ec(ctx)
-    elif unit.role in (c.ROLE_PREFILL, c.ROLE_PD):
+    elif unit.role in (Role.PREFILL, Role.PD):
         ec = transfer.consumer_ec(ctx, unit)
     kv = transfer.kv_config(ctx, unit.role)
-    uses_store = transfer.uses_store(ec, kv) and master is not None and store_json is not None
+    uses_store = needs_store(ec, kv) and master is not None and store_json is not None
     return RoleBundle(
         deployment=ctx.owner.name,
         namespace=ctx.owner.namespace,
-        role=Role(unit.role),
+        role=unit.role,
         env=dict(role_spec(ctx, unit).env),
         vllm=server,
         ec_transfer=ec,

@@ -9,8 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from epd_connectors.config.bundle import POD_IP_PLACEHOLDER
-from epd_operator.api import constants as c
+from epd_connectors.config.bundle import POD_IP_PLACEHOLDER, Role
 from epd_operator.api.resource import OperatorDefaults, Owner
 from epd_operator.api.spec import EPDDeploymentSpec
 from epd_operator.derive import identity, parallel
@@ -33,8 +32,7 @@ OFFLOAD_DIR: Final = sites.OFFLOAD_DIR
 class Unit:
     """One workload of a role (a prefill pool is a unit of its own)."""
 
-    role: str
-    """constants.ROLE_*."""
+    role: Role
     name: str
     """Name of the workload, its Service and its PDB."""
     spec_path: str
@@ -88,12 +86,6 @@ class Context:
         return f"{self.site.paths.shared_dir}/{subdir}"
 
     @property
-    def store_kv_split(self) -> bool:
-        """Prefill and decode exchange KV through the store (mooncake-store or mooncake+store)."""
-        kv = self.spec.prefill.kv if self.spec.prefill else None
-        return kv is not None and kv.connector in ("mooncake-store", "mooncake+store")
-
-    @property
     def protocol(self) -> str:
         """One transport for the store and every Mooncake connector; rdma (Mooncake's default) without store."""
         return self.spec.store.protocol if self.spec.store else "rdma"
@@ -110,9 +102,6 @@ def build_context(
     store, prefill = spec.store, spec.prefill
     cross_encoder = spec.encoder.cross_encoder_cache
     sizes = parallel.prefill_tp_sizes(prefill) if prefill is not None else ()
-    kv = prefill.kv if prefill is not None else None
-    store_kv_split = kv is not None and kv.connector in ("mooncake-store", "mooncake+store")
-    uses_kv_store = store_kv_split or (prefill is None and spec.decode.kv.store_offload)
     return Context(
         owner=owner,
         spec=spec,
@@ -122,9 +111,9 @@ def build_context(
         embedding_prefix=(
             identity.embedding_cache_prefix(spec.model, cross_encoder.prefix) if cross_encoder.enabled else ""
         ),
-        kv_prefix=identity.kv_cache_prefix(spec.model, store.kv_cache_prefix) if store and uses_kv_store else "",
+        kv_prefix=identity.kv_cache_prefix(spec.model, store.kv_cache_prefix) if store and spec.uses_kv_store else "",
         prefill_tp_sizes=sizes,
-        store_tp=parallel.store_tp_size(sizes) if store_kv_split else 0,
+        store_tp=parallel.store_tp_size(sizes) if spec.store_kv_split else 0,
         hash_seed=identity.python_hash_seed(owner.namespace, owner.name),
         site=where,
     )
@@ -135,29 +124,27 @@ def units(ctx: Context) -> list[Unit]:
     spec, names = ctx.spec, ctx.names
     found: list[Unit] = []
     if spec.store is not None:
-        found.append(Unit(c.ROLE_MASTER, names.workload(c.ROLE_MASTER), "spec.store.master"))
+        found.append(Unit(Role.MASTER, names.workload(Role.MASTER), "spec.store.master"))
         clients = spec.store.clients
         if spec.store.mode == "standalone":
             found.append(
                 Unit(
-                    c.ROLE_STORE_CLIENT,
-                    names.workload(c.ROLE_STORE_CLIENT),
+                    Role.STORE_CLIENT,
+                    names.workload(Role.STORE_CLIENT),
                     "spec.store.clients",
                     replicas=None if clients.per_node else clients.replicas,
                 )
             )
     enc = spec.encoder
     found.append(
-        Unit(
-            c.ROLE_ENCODER, names.workload(c.ROLE_ENCODER), "spec.encoder", None, enc.tensor_parallel_size, enc.replicas
-        )
+        Unit(Role.ENCODER, names.workload(Role.ENCODER), "spec.encoder", None, enc.tensor_parallel_size, enc.replicas)
     )
     if spec.prefill is not None:
         p = spec.prefill
         found.append(
             Unit(
-                c.ROLE_PREFILL,
-                names.workload(c.ROLE_PREFILL),
+                Role.PREFILL,
+                names.workload(Role.PREFILL),
                 "spec.prefill",
                 MAIN_POOL,
                 p.tensor_parallel_size,
@@ -167,16 +154,16 @@ def units(ctx: Context) -> list[Unit]:
         for i, pool in enumerate(p.additional_pools):
             found.append(
                 Unit(
-                    c.ROLE_PREFILL,
-                    names.workload(c.ROLE_PREFILL, pool.name),
+                    Role.PREFILL,
+                    names.workload(Role.PREFILL, pool.name),
                     f"spec.prefill.additionalPools[{i}]",
                     pool.name,
                     pool.tensor_parallel_size,
                     pool.replicas,
                 )
             )
-    lm_role = c.ROLE_DECODE if spec.prefill is not None else c.ROLE_PD
+    lm_role = Role.DECODE if spec.prefill is not None else Role.PD
     dec = spec.decode
     found.append(Unit(lm_role, names.workload(lm_role), "spec.decode", None, dec.tensor_parallel_size, dec.replicas))
-    found.append(Unit(c.ROLE_PROXY, names.workload(c.ROLE_PROXY), "spec.proxy", replicas=spec.proxy.replicas))
+    found.append(Unit(Role.PROXY, names.workload(Role.PROXY), "spec.proxy", replicas=spec.proxy.replicas))
     return found

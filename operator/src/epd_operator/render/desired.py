@@ -11,10 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from epd_connectors.config.bundle import RoleBundle
+from epd_connectors.config.bundle import Role, RoleBundle
 from epd_connectors.config.master import MasterConfig
 from epd_connectors.config.mooncake import MooncakeStoreConfig
-from epd_operator.api import constants as c
 from epd_operator.api.resource import InvalidSpecError, OperatorDefaults, Owner
 from epd_operator.api.spec import EPDDeploymentSpec
 from epd_operator.derive import ports
@@ -39,8 +38,7 @@ class Derived:
 class RoleWorkload:
     """One workload object of a role, for status."""
 
-    role: str
-    """constants.ROLE_*."""
+    role: Role
     kind: str
     """Deployment, StatefulSet or DaemonSet."""
     name: str
@@ -64,7 +62,7 @@ def render_desired(owner: Owner, spec: EPDDeploymentSpec, defaults: OperatorDefa
     local runner's loopback ports otherwise."""
     ctx = build_context(owner, spec, defaults, site)
     all_units = units(ctx)
-    problems = rules.spec_problems(ctx, all_units)
+    problems = rules.whole_spec_problems(ctx, all_units)
     if problems:
         raise InvalidSpecError(problems)
     bundles = _bundles(ctx, all_units)
@@ -77,7 +75,7 @@ def render_desired(owner: Owner, spec: EPDDeploymentSpec, defaults: OperatorDefa
     if spec.store is not None:
         rendered += store.render_store_network_policies(ctx, spec.store, bundles)
     rendered += [objects.render_pdb(ctx, u) for u in all_units if _has_pdb(ctx, u)]
-    rendered += [o for u in all_units if u.role == c.ROLE_PROXY for o in proxy.render_proxy_rbac(ctx, u)]
+    rendered += [o for u in all_units if u.role == Role.PROXY for o in proxy.render_proxy_rbac(ctx, u)]
     workloads = [_workload(ctx, u, jsons[u.name]) for u in all_units]
     rendered += workloads
     return Desired(
@@ -88,9 +86,7 @@ def render_desired(owner: Owner, spec: EPDDeploymentSpec, defaults: OperatorDefa
             kv_cache_prefix=ctx.kv_prefix,
             store_tp_size=ctx.store_tp,
             python_hash_seed=ctx.hash_seed,
-            endpoint=ctx.names.proxy_url(
-                ctx.port(ctx.names.workload(c.ROLE_PROXY), ports.HTTP, spec.proxy.service.port)
-            ),
+            endpoint=ctx.names.proxy_url(ctx.port(ctx.names.workload(Role.PROXY), ports.HTTP, spec.proxy.service.port)),
         ),
         workloads=[
             RoleWorkload(role=u.role, kind=w["kind"], name=u.name, replicas=w["spec"].get("replicas"))
@@ -108,11 +104,11 @@ def _bundles(ctx: Context, all_units: list[Unit]) -> dict[str, RoleBundle]:
         store_json = validate.guarded("spec.store", lambda: bundles_store.requester_config(ctx, master))
 
     def build(unit: Unit) -> RoleBundle:
-        if unit.role == c.ROLE_MASTER and master is not None:
+        if unit.role == Role.MASTER and master is not None:
             return bundles_store.master_bundle(ctx, master)
-        if unit.role == c.ROLE_STORE_CLIENT and master is not None:
+        if unit.role == Role.STORE_CLIENT and master is not None:
             return bundles_store.store_client_bundle(ctx, master)
-        if unit.role == c.ROLE_PROXY:
+        if unit.role == Role.PROXY:
             return proxy.proxy_bundle(ctx, all_units)
         return bundles_vllm.vllm_bundle(ctx, unit, master, store_json)
 
@@ -127,26 +123,26 @@ def _bundles(ctx: Context, all_units: list[Unit]) -> dict[str, RoleBundle]:
 
 def _service(ctx: Context, unit: Unit) -> dict[str, Any]:
     store_spec = ctx.spec.store
-    if unit.role == c.ROLE_MASTER and store_spec is not None:
+    if unit.role == Role.MASTER and store_spec is not None:
         return store.render_master_service(ctx, unit, store_spec)
-    if unit.role == c.ROLE_STORE_CLIENT and store_spec is not None:
+    if unit.role == Role.STORE_CLIENT and store_spec is not None:
         return store.render_store_client_service(ctx, unit, store_spec)
-    if unit.role == c.ROLE_PROXY:
+    if unit.role == Role.PROXY:
         return proxy.render_proxy_service(ctx, unit)
     return lm.render_vllm_service(ctx, unit)
 
 
 def _workload(ctx: Context, unit: Unit, bundle_json: str) -> dict[str, Any]:
     store_spec = ctx.spec.store
-    if unit.role == c.ROLE_MASTER and store_spec is not None:
+    if unit.role == Role.MASTER and store_spec is not None:
         return store.render_master_deployment(ctx, unit, store_spec, bundle_json)
-    if unit.role == c.ROLE_STORE_CLIENT and store_spec is not None:
+    if unit.role == Role.STORE_CLIENT and store_spec is not None:
         return store.render_store_client_workload(ctx, unit, store_spec, bundle_json)
-    if unit.role == c.ROLE_PROXY:
+    if unit.role == Role.PROXY:
         return proxy.render_proxy_deployment(ctx, unit, bundle_json)
     return lm.render_vllm_deployment(ctx, unit, bundle_json)
 
 
 def _has_pdb(ctx: Context, unit: Unit) -> bool:
     """Every role that may run several replicas; not the single master, not a DaemonSet (drains skip it)."""
-    return unit.role != c.ROLE_MASTER and unit.replicas is not None
+    return unit.role != Role.MASTER and unit.replicas is not None

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from epd_connectors.config.bundle import Role
 from epd_operator.api import constants as c
+from epd_operator.api.model import ModelSource
 from epd_operator.api.resource import InvalidSpecError
-from epd_operator.api.spec import ModelSource
 from epd_operator.derive import ports
 from epd_operator.render import objects, transfer
 from epd_operator.render.bundles_vllm import role_spec
@@ -27,7 +28,7 @@ default breaks them."""
 
 def container_ports(ctx: Context, unit: Unit) -> dict[str, int]:
     """HTTP, plus the EC control ports on EC consumers and the bootstrap port on MooncakeConnector prefills."""
-    ec_consumer = unit.role in (c.ROLE_PREFILL, c.ROLE_PD) and ctx.spec.encoder.connector == "mooncake"
+    ec_consumer = unit.role in (Role.PREFILL, Role.PD) and ctx.spec.encoder.pushes_embeddings
     bootstrap = transfer.runs_bootstrap_server(ctx, unit.role)
     return ports.vllm_ports(
         tensor_parallel_size=unit.tensor_parallel_size, ec_consumer=ec_consumer, kv_bootstrap=bootstrap

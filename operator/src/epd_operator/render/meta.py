@@ -18,7 +18,7 @@ BUNDLE_HASH_LEN = 16
 
 def selector_labels(owner: Owner, role: str, pool: str | None = None) -> dict[str, str]:
     """The immutable selector of a role's workload (and its Service and PDB): deployment, role, prefill pool."""
-    labels = {c.LABEL_DEPLOYMENT: owner.name, c.LABEL_ROLE: role}
+    labels = {c.LABEL_DEPLOYMENT: owner.name, c.LABEL_ROLE: str(role)}  # a Role as plain text, for every dumper
     if pool is not None:
         labels[c.LABEL_POOL] = pool
     return labels
@@ -29,7 +29,7 @@ def labels(owner: Owner, role: str, pool: str | None = None) -> dict[str, str]:
     return {
         c.LABEL_NAME: c.APP_NAME,
         c.LABEL_INSTANCE: owner.name,
-        c.LABEL_COMPONENT: role,
+        c.LABEL_COMPONENT: str(role),
         c.LABEL_PART_OF: c.APP_NAME,
         c.LABEL_MANAGED_BY: c.MANAGED_BY,
         **selector_labels(owner, role, pool),

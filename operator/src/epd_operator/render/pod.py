@@ -85,9 +85,9 @@ def pod_template(ctx: Context, params: PodParams) -> dict[str, Any]:
     unit = params.unit
     bundle_cm = ctx.names.bundle_configmap(unit.name)
     container: dict[str, Any] = {
-        "name": unit.role,
+        "name": unit.role.value,
         "image": params.image,
-        "command": ["epd-launch", unit.role, "--bundle", BUNDLE_PATH],
+        "command": ["epd-launch", unit.role.value, "--bundle", BUNDLE_PATH],
         "env": _env(),
         # The site's port for each (a cluster's fixed one), so the port the container declares and probes is
         # the one its bundle binds on every site.

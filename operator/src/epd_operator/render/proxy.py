@@ -24,9 +24,8 @@ from epd_connectors.config.bundle import (
     Role,
     RoleBundle,
 )
-from epd_operator.api import constants as c
 from epd_operator.derive import ports, quantity
-from epd_operator.render import meta, objects, transfer
+from epd_operator.render import meta, objects
 from epd_operator.render.context import Context, Unit
 from epd_operator.render.pod import PodParams, Probes, http_get, pod_template
 
@@ -37,8 +36,8 @@ PROXY_DEFAULT_REQUESTS: Final = {"cpu": "1", "memory": "1Gi"}
 def proxy_bundle(ctx: Context, units: list[Unit]) -> RoleBundle:
     """Where the proxy sends work: each role's Service (each prefill pool's), on vLLM's HTTP port, with what
     the transfer connectors need from it per endpoint."""
-    p2p_kv = transfer.uses_p2p_kv(ctx)
-    consumer_role = c.ROLE_PREFILL if ctx.spec.prefill is not None else c.ROLE_PD
+    p2p_kv = ctx.spec.p2p_kv
+    consumer_role = Role.PREFILL if ctx.spec.prefill is not None else Role.PD
 
     def http(unit: Unit) -> dict[str, Any]:
         return {"host": ctx.names.host(unit.name), "port": ctx.port(unit.name, ports.HTTP, ports.VLLM_HTTP_PORT)}
@@ -46,7 +45,7 @@ def proxy_bundle(ctx: Context, units: list[Unit]) -> RoleBundle:
     def ec(unit: Unit) -> ECControl | None:
         # The proxy tells each encoder which consumer pod to push to: pod IP + the control port of its TP rank 0,
         # which depends on the pool's TP size (DP is 1 per pod).
-        if ctx.spec.encoder.connector != "mooncake" or unit.role != consumer_role:
+        if not ctx.spec.encoder.pushes_embeddings or unit.role != consumer_role:
             return None
         port = ctx.port(unit.name, ports.ec_port_name(0), ports.EC_CONTROL_PORT)
         return ECControl(port=port, tensor_parallel_size=unit.tensor_parallel_size)
@@ -56,10 +55,10 @@ def proxy_bundle(ctx: Context, units: list[Unit]) -> RoleBundle:
         bootstrap = ctx.port(unit.name, ports.BOOTSTRAP, ports.KV_BOOTSTRAP_PORT) if p2p_kv else None
         return PrefillEndpoint(**http(unit), ec=ec(unit), bootstrap_port=bootstrap)
 
-    def of(role: str) -> list[Unit]:
+    def of(role: Role) -> list[Unit]:
         return [u for u in units if u.role == role]
 
-    own = next(u for u in units if u.role == c.ROLE_PROXY)
+    own = next(u for u in units if u.role == Role.PROXY)
     settings = ProxySettings(
         port=ctx.port(own.name, ports.HTTP, ports.PROXY_PORT),
         encoder_affinity=ctx.spec.proxy.routing.encoder_affinity,
@@ -74,10 +73,10 @@ def proxy_bundle(ctx: Context, units: list[Unit]) -> RoleBundle:
         role=Role.PROXY,
         proxy=settings,
         peers=Peers(
-            encoders=[Endpoint(**http(u)) for u in of(c.ROLE_ENCODER)],
-            prefill=[prefill(u) for u in of(c.ROLE_PREFILL)],
-            decode=[Endpoint(**http(u)) for u in of(c.ROLE_DECODE)],
-            pd=[ConsumerEndpoint(**http(u), ec=ec(u)) for u in of(c.ROLE_PD)],
+            encoders=[Endpoint(**http(u)) for u in of(Role.ENCODER)],
+            prefill=[prefill(u) for u in of(Role.PREFILL)],
+            decode=[Endpoint(**http(u)) for u in of(Role.DECODE)],
+            pd=[ConsumerEndpoint(**http(u), ec=ec(u)) for u in of(Role.PD)],
         ),
     )
 

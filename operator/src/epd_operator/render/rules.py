@@ -6,31 +6,29 @@ prefill pools together, the ports of a pod, or what the operator renders into vL
 
 from __future__ import annotations
 
+from epd_connectors.config.bundle import VLLM_ROLES, Role
 from epd_connectors.config.kv_transfer import p2p_tp_fits
 from epd_connectors.config.vllm import OWNED_FLAGS, owned_flag
-from epd_operator.api import constants as c
-from epd_operator.api.spec import StoreSpec
+from epd_operator.api.store import StoreSpec
 from epd_operator.derive import names as naming
 from epd_operator.derive import ports
-from epd_operator.render import bundles_vllm, transfer
+from epd_operator.render import bundles_vllm
 from epd_operator.render.context import Context, Unit
 
-_VLLM_ROLES = (c.ROLE_ENCODER, c.ROLE_PREFILL, c.ROLE_DECODE, c.ROLE_PD)
 
-
-def spec_problems(ctx: Context, units: list[Unit]) -> list[str]:
-    """Every problem, one line each; empty when render may proceed."""
+def whole_spec_problems(ctx: Context, units: list[Unit]) -> list[str]:
+    """Every problem only the whole spec shows, one line each; empty when render may proceed."""
     found = naming.name_problems(
         ctx.names,
         [u.name for u in units],
-        [u.name for u in units if u.role == c.ROLE_STORE_CLIENT and u.replicas is not None],
+        [u.name for u in units if u.role == Role.STORE_CLIENT and u.replicas is not None],
     )
     found += _pool_problems(ctx)
     found += _p2p_tp_problems(ctx, units)
     if ctx.spec.store is not None:
         found += _store_problems(ctx.spec.store)
     for unit in units:
-        if unit.role in _VLLM_ROLES:
+        if unit.role in VLLM_ROLES:
             found += _vllm_problems(ctx, unit)
     return list(dict.fromkeys(found))  # prefill pools share the main pool's extraArgs: report once
 
@@ -53,7 +51,7 @@ def _pool_problems(ctx: Context) -> list[str]:
 def _p2p_tp_problems(ctx: Context, units: list[Unit]) -> list[str]:
     """MooncakeConnector: the proxy pairs any prefill pool with the decode, and vLLM hands KV over only between
     TP sizes of which one divides the other (the connector library's p2p_tp_fits)."""
-    if ctx.spec.prefill is None or not transfer.uses_p2p_kv(ctx):
+    if ctx.spec.prefill is None or not ctx.spec.p2p_kv:
         return []
     decode_tp = ctx.spec.decode.tensor_parallel_size
     connector = ctx.spec.prefill.kv.connector if ctx.spec.prefill.kv else None
@@ -63,7 +61,7 @@ def _p2p_tp_problems(ctx: Context, units: list[Unit]) -> list[str]:
         "TP sizes of which one divides the other; vLLM would fail the first transfer. Fix: give this pool a TP "
         f"that divides or is a multiple of {decode_tp}, or a decode TP that does so for every prefill pool"
         for u in units
-        if u.role == c.ROLE_PREFILL and not p2p_tp_fits(u.tensor_parallel_size, decode_tp)
+        if u.role == Role.PREFILL and not p2p_tp_fits(u.tensor_parallel_size, decode_tp)
     ]
 
 
@@ -118,7 +116,7 @@ def _vllm_problems(ctx: Context, unit: Unit) -> list[str]:
     """Rules whose connector-library message would not name the spec field to change."""
     found: list[str] = []
     section = bundles_vllm.role_spec(ctx, unit)
-    base_path = "spec.prefill" if unit.role == c.ROLE_PREFILL else unit.spec_path
+    base_path = "spec.prefill" if unit.role == Role.PREFILL else unit.spec_path
     for arg in section.extra_args:
         flag = owned_flag(arg, _OWNED_BY)
         if flag is not None:
@@ -126,14 +124,14 @@ def _vllm_problems(ctx: Context, unit: Unit) -> list[str]:
                 f"{base_path}.extraArgs = {arg!r}: sets {flag}, which the operator renders. "
                 f"Fix: remove it; {_OWNED_BY[flag].format(path=base_path)}"
             )
-    if unit.role == c.ROLE_DECODE and ctx.store_tp and ctx.store_tp % unit.tensor_parallel_size:
+    if unit.role == Role.DECODE and ctx.store_tp and ctx.store_tp % unit.tensor_parallel_size:
         found.append(
             f"spec.decode.tensorParallelSize = {unit.tensor_parallel_size}: the store TP (LCM of the prefill TP "
             f"sizes {list(ctx.prefill_tp_sizes)}) is {ctx.store_tp}, not a multiple of it, so decode could not "
             "read the prefill's blocks. Fix: use a decode TP that divides the store TP, or add a prefill pool "
             "with the decode's TP"
         )
-    if unit.role in (c.ROLE_DECODE, c.ROLE_PD) and ctx.spec.decode.kv.save_decode_cache and not ctx.store_kv_split:
+    if unit.role in (Role.DECODE, Role.PD) and ctx.spec.decode.kv.save_decode_cache and not ctx.spec.store_kv_split:
         found.append(
             "spec.decode.kv.saveDecodeCache = True: only a decoder reading KV from the store saves its blocks. "
             "Fix: remove it, or use spec.prefill.kv.connector mooncake-store or mooncake+store"

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from epd_connectors.config.bundle import RoleBundle
+from epd_connectors.config.bundle import VLLM_ROLES, Role, RoleBundle
 from epd_connectors.config.mooncake import StoreMode
 from epd_operator.api import constants as c
-from epd_operator.api.spec import MetricsPeerSpec, StoreSpec
+from epd_operator.api.store import MetricsPeerSpec, StoreSpec
 from epd_operator.derive import ports, quantity
 from epd_operator.render import meta, objects
 from epd_operator.render.context import OFFLOAD_DIR, Context, Unit
@@ -128,15 +128,12 @@ def render_store_client_service(ctx: Context, unit: Unit, store: StoreSpec) -> d
     return objects.render_service(ctx, unit, ports.store_client_ports(store.clients), headless=True)
 
 
-VLLM_ROLES: Final = (c.ROLE_ENCODER, c.ROLE_PREFILL, c.ROLE_DECODE, c.ROLE_PD)
-
-
 def _pods(ctx: Context, roles: list[str]) -> dict[str, Any]:
     """This deployment's pods of `roles` (a peer of an ingress rule)."""
     return {
         "podSelector": {
             "matchLabels": {c.LABEL_DEPLOYMENT: ctx.owner.name},
-            "matchExpressions": [{"key": c.LABEL_ROLE, "operator": "In", "values": sorted(roles)}],
+            "matchExpressions": [{"key": c.LABEL_ROLE, "operator": "In", "values": sorted(map(str, roles))}],
         }
     }
 
@@ -201,13 +198,13 @@ def render_store_network_policies(
     scraped: list[dict[str, Any]] = []
     if store.metrics_from:
         scraped.append({"from": [_peer(p) for p in store.metrics_from], "ports": _named(ports.METRICS)})
-    policies = [_policy(ctx, c.ROLE_MASTER, [{"from": [_pods(ctx, users)], "ports": master_ports}, *scraped])]
+    policies = [_policy(ctx, Role.MASTER, [{"from": [_pods(ctx, users)], "ports": master_ports}, *scraped])]
     if store.mode == "standalone":
-        policies.append(_policy(ctx, c.ROLE_STORE_CLIENT, [{"from": [_pods(ctx, users)]}, *scraped]))
+        policies.append(_policy(ctx, Role.STORE_CLIENT, [{"from": [_pods(ctx, users)]}, *scraped]))
     for role in segment_holder_roles(bundles):  # embedded mode only, so there are no store clients
         ingress = [
             {"from": [_pods(ctx, list(VLLM_ROLES))]},
-            {"from": [_pods(ctx, [c.ROLE_PROXY])], "ports": _named(ports.BOOTSTRAP)},
+            {"from": [_pods(ctx, [Role.PROXY])], "ports": _named(ports.BOOTSTRAP)},
             {"ports": _named(ports.HTTP)},
         ]
         policies.append(_policy(ctx, role, ingress))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from epd_connectors.config.bundle import Role
 from epd_connectors.config.ec_transfer import (
     ECExampleConnectorConfig,
     ECExampleExtra,
@@ -34,9 +35,7 @@ from epd_connectors.config.kv_transfer import (
     MooncakeStoreExtra,
     MultiConnectorConfig,
     MultiExtra,
-    connectors_of,
 )
-from epd_operator.api import constants as c
 from epd_operator.derive import identity, ports
 from epd_operator.render.context import EC_SUBDIR, KV_SUBDIR, Context, Unit
 
@@ -52,7 +51,7 @@ def _protocol(ctx: Context) -> Protocol:
 def encoder_ec(ctx: Context) -> ECConfig:
     """The encoders' producer config; cross-encoder reuse adds the shared prefix and model identity."""
     enc = ctx.spec.encoder
-    if enc.connector == "shared-storage":
+    if enc.uses_shared_storage:
         return ECExampleConnectorConfig(
             ec_role="ec_producer",
             ec_connector_extra_config=ECExampleExtra(shared_storage_path=ctx.shared_path(EC_SUBDIR)),
@@ -78,7 +77,7 @@ def consumer_ec(ctx: Context, unit: Unit) -> ECConfig:
     """A prefill or PD instance's consumer config; ec_ip is the site's own address (in a cluster, the pod IP
     at launch)."""
     enc = ctx.spec.encoder
-    if enc.connector == "shared-storage":
+    if enc.uses_shared_storage:
         return ECExampleConnectorConfig(
             ec_role="ec_consumer",
             ec_connector_extra_config=ECExampleExtra(shared_storage_path=ctx.shared_path(EC_SUBDIR)),
@@ -98,9 +97,8 @@ def _load_failure_policy(ctx: Context) -> FailurePolicy:
 
 
 def _store_child(ctx: Context, kv_role: Literal["kv_both", "kv_consumer"]) -> MooncakeStoreConnectorConfig:
-    prefill = ctx.spec.prefill
-    kv = prefill.kv if prefill else None
-    split = prefill is not None
+    kv = ctx.spec.prefill_kv
+    split = ctx.spec.prefill is not None
     extra = MooncakeStoreExtra(
         cache_prefix=ctx.kv_prefix,
         load_async=kv.load_async if kv else True,
@@ -124,59 +122,39 @@ def _p2p_child(ctx: Context, kv_role: Literal["kv_producer", "kv_consumer"]) -> 
 
 def kv_config(ctx: Context, role: str) -> AnyKVConfig | None:
     """The role's KV connector: prefill produces, decode consumes, PD offloads (or has none)."""
-    prefill = ctx.spec.prefill
-    if role == c.ROLE_PD:
+    kv = ctx.spec.prefill_kv
+    if role == Role.PD:
         return _store_child(ctx, "kv_both") if ctx.spec.decode.kv.store_offload else None
-    if role == c.ROLE_ENCODER or prefill is None or prefill.kv is None:
+    if role == Role.ENCODER or kv is None:
         return None
-    producer = role == c.ROLE_PREFILL
-    connector = prefill.kv.connector
-    if connector == "mooncake":
-        return _p2p_child(ctx, "kv_producer" if producer else "kv_consumer")
-    if connector == "mooncake-store":
-        return _store_child(ctx, "kv_both" if producer else "kv_consumer")
-    if connector == "mooncake+store":
-        children = (
-            (_p2p_child(ctx, "kv_producer"), _store_child(ctx, "kv_both"))
-            if producer
-            else (_p2p_child(ctx, "kv_consumer"), _store_child(ctx, "kv_consumer"))
-        )
-        return MultiConnectorConfig(
+    producer = role == Role.PREFILL
+    if kv.uses_shared_storage:
+        return ExampleKVConnectorConfig(
             kv_role="kv_producer" if producer else "kv_consumer",
-            kv_connector_extra_config=MultiExtra(connectors=children),
+            kv_connector_extra_config=ExampleKVExtra(shared_storage_path=ctx.shared_path(KV_SUBDIR)),
             kv_load_failure_policy=_load_failure_policy(ctx),
         )
-    return ExampleKVConnectorConfig(
+    p2p = _p2p_child(ctx, "kv_producer" if producer else "kv_consumer") if kv.uses_p2p else None
+    store = _store_child(ctx, "kv_both" if producer else "kv_consumer") if kv.uses_store else None
+    if p2p is None or store is None:
+        return p2p or store
+    return MultiConnectorConfig(
         kv_role="kv_producer" if producer else "kv_consumer",
-        kv_connector_extra_config=ExampleKVExtra(shared_storage_path=ctx.shared_path(KV_SUBDIR)),
+        kv_connector_extra_config=MultiExtra(connectors=(p2p, store)),
         kv_load_failure_policy=_load_failure_policy(ctx),
     )
-
-
-def uses_p2p_kv(ctx: Context) -> bool:
-    """Whether prefill and decode run MooncakeConnector (and so its bootstrap server)."""
-    kv = ctx.spec.prefill.kv if ctx.spec.prefill else None
-    return kv is not None and kv.connector in ("mooncake", "mooncake+store")
 
 
 def runs_bootstrap_server(ctx: Context, role: str) -> bool:
     """Whether the role's pods run MooncakeConnector's bootstrap server, and so get its port: prefill only. vLLM
     (0.32 and 0.33 MooncakeConnectorWorker) starts it and registers with it only when not a kv_consumer; a
     decoder reaches the prefill's server at the address the proxy puts in kv_transfer_params."""
-    return role == c.ROLE_PREFILL and uses_p2p_kv(ctx)
+    return role == Role.PREFILL and ctx.spec.p2p_kv
 
 
 def uses_shared_storage(ctx: Context, role: str) -> bool:
     """Whether the role's pods mount spec.sharedStorage (an EC or KV shared-storage connector touches it)."""
-    enc_shared = ctx.spec.encoder.connector == "shared-storage" and role in (c.ROLE_ENCODER, c.ROLE_PREFILL, c.ROLE_PD)
-    kv = ctx.spec.prefill.kv if ctx.spec.prefill else None
-    kv_shared = kv is not None and kv.connector == "shared-storage" and role in (c.ROLE_PREFILL, c.ROLE_DECODE)
+    kv = ctx.spec.prefill_kv
+    enc_shared = ctx.spec.encoder.uses_shared_storage and role in (Role.ENCODER, Role.PREFILL, Role.PD)
+    kv_shared = kv is not None and kv.uses_shared_storage and role in (Role.PREFILL, Role.DECODE)
     return enc_shared or kv_shared
-
-
-def uses_store(ec: ECConfig | None, kv: AnyKVConfig | None) -> bool:
-    """Whether a role's process talks to the Mooncake store, and so needs the Mooncake JSON and the master:
-    cross-encoder reuse on an encoder, or MooncakeStoreConnector anywhere in its KV config."""
-    reuse = isinstance(ec, ECMooncakeProducer) and ec.ec_connector_extra_config.cross_encoder_cache
-    store_kv = kv is not None and any(isinstance(child, MooncakeStoreConnectorConfig) for child in connectors_of(kv))
-    return reuse or store_kv

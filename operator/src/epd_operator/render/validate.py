@@ -64,6 +64,8 @@ def guarded(spec_path: str, build: Callable[[], T]) -> T:
         return build()
     except ValidationError as exc:
         raise InvalidSpecError([locate(spec_path, line) for line in describe_validation_error(exc)]) from exc
+    except InvalidSpecError:
+        raise  # already names the spec field
     except ConfigError as exc:
         raise InvalidSpecError([locate(spec_path, line) for line in exc.problems]) from exc
 

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import pytest
 
-from epd_connectors.config.bundle import Endpoint, Peers, ProxySettings, Role, RoleBundle
+from epd_connectors.config.bundle import Endpoint, Peers, PrefillEndpoint, ProxySettings, Role, RoleBundle
 from epd_connectors.proxy import cli
 from epd_connectors.proxy.local import local_proxy
 from tests.proxy.harness import post_json, run
@@ -56,7 +56,7 @@ def test_the_bundle_gives_listener_roster_and_affinity(tmp_path: Path) -> None:
         proxy=ProxySettings(host="127.0.0.1", port=9123, encoder_affinity=False),
         peers=Peers(
             encoders=[Endpoint(host="demo-encoder", port=8000)],
-            prefill=[Endpoint(host="demo-prefill", port=8000)],
+            prefill=[PrefillEndpoint(host="demo-prefill", port=8000)],
             decode=[Endpoint(host="demo-decode", port=8000)],
             ec_consumers=["tcp://demo-prefill:14579"],
         ),
@@ -76,7 +76,7 @@ def test_the_bundle_gives_listener_roster_and_affinity(tmp_path: Path) -> None:
 
 
 def test_flags_can_come_from_the_environment() -> None:
-    """The pod runs `epd-proxy --bundle PATH`; the bundle's env (EPD_PROXY_*) sets the rest. No backend needed."""
+    """A proxy started by hand: EPD_PROXY_* fill what the command line leaves out. No backend needed."""
     environ = {
         "EPD_PROXY_PD": "http://p0:8000,http://p1:8000",
         "EPD_PROXY_KV_PROTOCOL": "mooncake",

@@ -7,15 +7,23 @@ checks the same against a real control plane and the operator's objects.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from epd_connectors.config.bundle import Endpoint, Peers, ProxySettings, Role, RoleBundle
+from epd_connectors.config.bundle import (
+    ECControl,
+    Endpoint,
+    Peers,
+    PrefillEndpoint,
+    ProxySettings,
+    Role,
+    RoleBundle,
+)
 from epd_connectors.config.ec_transfer import ECMooncakeConsumer, ec_consumer_control_address
 from epd_connectors.proxy import cli
 from epd_connectors.proxy.app import ProxyApp
@@ -27,11 +35,23 @@ from tests.proxy.harness import FAST, run
 from tests.proxy.kube_stand_in import StandInKubernetes, slice_
 
 EC_PORT = 14579
-PEERS = Peers(
-    encoders=[Endpoint(host="vl-encoder.ns.svc", port=8000)],
-    prefill=[Endpoint(host="vl-prefill.ns.svc", port=8000), Endpoint(host="vl-prefill-tp2.ns.svc", port=8000)],
-    decode=[Endpoint(host="vl-decode.ns.svc", port=8000)],
-)
+
+
+def peers(tp: tuple[int, int] | None = None, dp: int = 1, bootstrap: tuple[int, int] | None = None) -> Peers:
+    """Two prefill pools, each with its own EC layout (tp sizes) and bootstrap port, as the operator renders."""
+
+    def prefill(i: int, host: str) -> PrefillEndpoint:
+        ec = ECControl(port=EC_PORT, tensor_parallel_size=tp[i], data_parallel_size=dp) if tp else None
+        return PrefillEndpoint(host=host, port=8000, ec=ec, bootstrap_port=bootstrap[i] if bootstrap else None)
+
+    return Peers(
+        encoders=[Endpoint(host="vl-encoder.ns.svc", port=8000)],
+        prefill=[prefill(0, "vl-prefill.ns.svc"), prefill(1, "vl-prefill-tp2.ns.svc")],
+        decode=[Endpoint(host="vl-decode.ns.svc", port=8000)],
+    )
+
+
+PEERS = peers()
 ROLES = (Role.ENCODER, Role.PREFILL, Role.DECODE)
 
 
@@ -79,8 +99,8 @@ def test_every_prefill_pool_reaches_the_roster_with_its_own_ec_addresses() -> No
     """Two pools of TP 1 and TP 2 with DP 2, where the second replica's control port depends on TP. The second
     pool's events (a pod added) must not drop the first pool's pods, nor the first pool's (a pod unready)
     the second's."""
-    watches = watches_from_peers(PEERS, ec_port=EC_PORT, ec_tp=[1, 2], ec_dp=[2], bootstrap_ports=[8998])
-    assert [(w.role, w.service, w.ec_tensor_parallel_size) for w in watches if w.role is Role.PREFILL] == [
+    watches = watches_from_peers(peers(tp=(1, 2), dp=2, bootstrap=(8998, 8998)))
+    assert [(w.role, w.service, w.ec and w.ec.tensor_parallel_size) for w in watches if w.role is Role.PREFILL] == [
         (Role.PREFILL, "vl-prefill", 1),
         (Role.PREFILL, "vl-prefill-tp2", 2),
     ]
@@ -117,7 +137,7 @@ def test_every_prefill_pool_reaches_the_roster_with_its_own_ec_addresses() -> No
 
 
 def test_a_pool_without_pods_leaves_the_other_pools_in_the_roster() -> None:
-    watches = watches_from_peers(PEERS, ec_port=None)
+    watches = watches_from_peers(PEERS)
     kube = StandInKubernetes(
         listed=[
             slice_("enc", "vl-encoder", ("10.0.0.1", True)),
@@ -142,31 +162,31 @@ def test_union_sorts_and_keeps_a_pod_in_two_services_once_as_the_first_gives_it(
     assert union([]) == []
 
 
-def test_per_service_settings_pair_with_the_bundles_endpoints_or_one_serves_all() -> None:
-    one = watches_from_peers(PEERS, ec_port=EC_PORT, ec_tp=[4], bootstrap_ports=[8998, 8999])
-    prefill = [w for w in one if w.role is Role.PREFILL]
-    assert [(w.ec_tensor_parallel_size, w.ec_data_parallel_size, w.bootstrap_port) for w in prefill] == [
-        (4, 1, 8998),
-        (4, 1, 8999),
+def test_each_service_gets_its_own_endpoints_settings_and_no_other_role_any() -> None:
+    watches = watches_from_peers(peers(tp=(4, 2), bootstrap=(8998, 8999)))
+    prefill = [w for w in watches if w.role is Role.PREFILL]
+    assert [(w.ec, w.bootstrap_port) for w in prefill] == [
+        (ECControl(port=EC_PORT, tensor_parallel_size=4), 8998),
+        (ECControl(port=EC_PORT, tensor_parallel_size=2), 8999),
     ]
-    others = [w for w in one if w.role is not Role.PREFILL]
-    assert all(w.ec_port is None and w.bootstrap_port is None and w.ec_tensor_parallel_size == 1 for w in others)
-    with pytest.raises(ValueError, match=r"3 EC tensor-parallel sizes .* for 2 Services"):
-        watches_from_peers(PEERS, ec_port=EC_PORT, ec_tp=[1, 2, 4])
-    with pytest.raises(ValueError, match="at least 1"):
-        watches_from_peers(PEERS, ec_port=EC_PORT, ec_tp=[0])
+    others = [w for w in watches if w.role is not Role.PREFILL]
+    assert all(w.ec is None and w.bootstrap_port is None for w in others)
 
 
-def test_the_command_takes_per_service_sizes_from_the_environment(tmp_path: Path) -> None:
-    """As the operator sets them (EPD_PROXY_EC_TP_SIZE=1,2); a list that fits no Service count is one line."""
+def test_the_command_takes_per_service_sizes_from_the_bundle(tmp_path: Path) -> None:
+    """As the operator renders them (each prefill endpoint's ec); a bundle whose endpoints disagree is one
+    line."""
     path = tmp_path / "bundle.json"
-    bundle = RoleBundle(deployment="vl", namespace="ns", role=Role.PROXY, proxy=ProxySettings(), peers=PEERS)
+    settings = ProxySettings(discover=True)
+    bundle = RoleBundle(deployment="vl", namespace="ns", role=Role.PROXY, proxy=settings, peers=peers(tp=(1, 2)))
     path.write_text(bundle.to_json())
-    env = {"EPD_PROXY_DISCOVER": "1", "EPD_PROXY_EC_PORT": str(EC_PORT), "EPD_PROXY_EC_TP_SIZE": "1,2"}
-    args: argparse.Namespace = cli.parser(env).parse_args(["--bundle", str(path)])
-    watches = cli.watches_from(args, PEERS)
-    assert [w.ec_tensor_parallel_size for w in watches if w.role is Role.PREFILL] == [1, 2]
-    app, *_ = cli.build(["--bundle", str(path)], env)
+    watches = watches_from_peers(bundle.peers)
+    assert [w.ec.tensor_parallel_size for w in watches if w.role is Role.PREFILL and w.ec] == [1, 2]
+    app, *_ = cli.build(["--bundle", str(path)], {})
     assert app.roster.roles == frozenset(ROLES)
-    with pytest.raises(SystemExit, match="3 EC tensor-parallel sizes"):
-        cli.build(["--bundle", str(path)], {**env, "EPD_PROXY_EC_TP_SIZE": "1,2,2"})
+    assert not any(app.roster.instances(role) for role in ROLES), "members come from the EndpointSlices"
+    half = bundle.model_dump(mode="json")
+    half["peers"]["prefill"][1].pop("ec")
+    path.write_text(json.dumps(half))
+    with pytest.raises(SystemExit, match=r"peers\.prefill\[\*\]\.ec = 'set on \[0\] only'"):
+        cli.build(["--bundle", str(path)], {})

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from epd_connectors.config.bundle import Role
+from epd_connectors.config.bundle import ECControl, Role
 from epd_connectors.proxy.app import ProxyApp
 from epd_connectors.proxy.discovery import kubernetes_discovery
 from epd_connectors.proxy.discovery_slices import RoleWatch
@@ -28,7 +28,7 @@ def test_scaling_events_change_the_roster_without_a_restart() -> None:
         )
         watches = [
             RoleWatch(Role.ENCODER, "demo-encoder", port=8000),
-            RoleWatch(Role.PD, "demo-pd", port=8000, ec_port=14579),
+            RoleWatch(Role.PD, "demo-pd", port=8000, ec=ECControl(port=14579)),
         ]
         roster = Roster.build({Role.ENCODER: [], Role.PD: []})
         discovery = kubernetes_discovery("ns", watches, client_loader=lambda: kube)

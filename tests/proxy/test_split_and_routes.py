@@ -7,11 +7,11 @@ from typing import Any
 
 import aiohttp
 
-from epd_connectors.config.bundle import Role
+from epd_connectors.config.bundle import KVProtocol, Role
 from epd_connectors.proxy.app import ProxyApp
 from epd_connectors.proxy.media import find_media
 from epd_connectors.proxy.roster import InstanceSpec
-from epd_connectors.proxy.settings import KVProtocol, ProxyOptions
+from epd_connectors.proxy.settings import ProxyOptions
 from tests.proxy.harness import FAST, post_json, roster_of, run, serving
 from tests.proxy.stand_ins import StandIn, running
 

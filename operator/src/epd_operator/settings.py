@@ -10,6 +10,7 @@ import argparse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from epd_connectors.config.layered import Layered
 from epd_operator._kube import Connection
 from epd_operator.api.resource import OperatorDefaults
 
@@ -53,15 +54,6 @@ class SettingsError(ValueError):
     """Flags and environment do not make a runnable configuration."""
 
 
-def _env(environ: Mapping[str, str], name: str, default: str | None = None) -> str | None:
-    value = environ.get(ENV_PREFIX + name)
-    return value if value not in (None, "") else default
-
-
-def _truthy(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="epd-operator",
@@ -97,43 +89,31 @@ def parser() -> argparse.ArgumentParser:
 def parse(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Settings:
     """Settings from flags over environment; SettingsError when no watch scope is given."""
     args = parser().parse_args(argv)
-    if args.namespace or args.all_namespaces:  # a scope given by flags replaces the environment's
-        namespaces, all_namespaces = tuple(args.namespace), bool(args.all_namespaces)
-    else:
-        namespaces = tuple(ns.strip() for ns in (_env(environ, "NAMESPACES") or "").split(",") if ns.strip())
-        all_namespaces = _truthy(_env(environ, "ALL_NAMESPACES"))
+    given = Layered(args, environ, ENV_PREFIX)
+    # A scope given by flags replaces the environment's.
+    scope = given if not (args.namespace or args.all_namespaces) else Layered(args, {}, ENV_PREFIX)
+    namespaces = tuple(scope.items("namespace", str, env="NAMESPACES"))
+    all_namespaces = scope.switch("all_namespaces")
     if not namespaces and not all_namespaces:
         raise SettingsError("give --namespace NS (repeatable) or --all-namespaces (or EPD_OPERATOR_NAMESPACES)")
     if namespaces and all_namespaces:
         raise SettingsError("give either namespaces or all namespaces, not both")
-    liveness = args.liveness if args.liveness is not None else _env(environ, "LIVENESS", DEFAULT_LIVENESS)
     base = OperatorDefaults()
     return Settings(
         namespaces=namespaces,
         all_namespaces=all_namespaces,
-        peering=args.peering or _env(environ, "PEERING"),
-        liveness=liveness or None,
-        metrics_host=args.metrics_host or _env(environ, "METRICS_HOST", "0.0.0.0") or "0.0.0.0",
-        metrics_port=(
-            args.metrics_port
-            if args.metrics_port is not None
-            else int(_env(environ, "METRICS_PORT", str(DEFAULT_METRICS_PORT)) or 0)
-        ),
+        peering=given.value("peering", None, str) or None,
+        liveness=given.value("liveness", DEFAULT_LIVENESS, str) or None,
+        metrics_host=given.value("metrics_host", "0.0.0.0", str) or "0.0.0.0",
+        metrics_port=given.value("metrics_port", DEFAULT_METRICS_PORT, int),
         defaults=OperatorDefaults(
-            vllm_image=args.vllm_image or _env(environ, "VLLM_IMAGE", base.vllm_image) or base.vllm_image,
-            proxy_image=args.proxy_image or _env(environ, "PROXY_IMAGE", base.proxy_image) or base.proxy_image,
-            mooncake_image=(
-                args.mooncake_image or _env(environ, "MOONCAKE_IMAGE", base.mooncake_image) or base.mooncake_image
-            ),
-            gpu_resource=args.gpu_resource or _env(environ, "GPU_RESOURCE", base.gpu_resource) or base.gpu_resource,
+            vllm_image=given.value("vllm_image", base.vllm_image, str) or base.vllm_image,
+            proxy_image=given.value("proxy_image", base.proxy_image, str) or base.proxy_image,
+            mooncake_image=given.value("mooncake_image", base.mooncake_image, str) or base.mooncake_image,
+            gpu_resource=given.value("gpu_resource", base.gpu_resource, str) or base.gpu_resource,
         ),
-        concurrent_reconciles=max(
-            1,
-            args.concurrent_reconciles
-            if args.concurrent_reconciles is not None
-            else int(_env(environ, "CONCURRENT_RECONCILES", str(DEFAULT_CONCURRENT_RECONCILES)) or 1),
-        ),
+        concurrent_reconciles=max(1, given.value("concurrent_reconciles", DEFAULT_CONCURRENT_RECONCILES, int)),
         connection=Connection(kubeconfig=args.kubeconfig or environ.get("KUBECONFIG"), context=args.context),
-        verbose=bool(args.verbose) or _truthy(_env(environ, "VERBOSE")),
-        debug=bool(args.debug) or _truthy(_env(environ, "DEBUG")),
+        verbose=given.switch("verbose"),
+        debug=given.switch("debug"),
     )

@@ -131,6 +131,30 @@ def test_proxy_with_pd_or_a_whole_split_passes(bundle_data: dict[str, dict[str, 
     assert parse_bundle(json.dumps(data)).peers.encoders
 
 
+def test_the_proxys_consumer_settings_are_whole(bundle_data: dict[str, dict[str, Any]]) -> None:
+    """Every consumer endpoint has ec or none does, not both ec and ec_consumers, and a mooncake KV protocol
+    knows every prefill's bootstrap port."""
+    data = bundle_data["proxy"]
+    ec = {"port": 14579, "tensor_parallel_size": 2}
+    data["peers"] = {
+        "prefill": [{"host": "p0", "port": 1, "ec": ec}, {"host": "p1", "port": 1, "bootstrap_port": 8998}],
+        "decode": [{"host": "d", "port": 2}],
+        "ec_consumers": ["tcp://p0:14579"],
+    }
+    data["proxy"]["kv_protocol"] = "mooncake"
+    found = _problems(data)
+    assert "peers.prefill[*].ec = 'set on [0] only'" in found
+    assert "peers.ec_consumers = ['tcp://p0:14579']: the prefill endpoints' ec give the addresses too" in found
+    assert "peers.prefill[*].bootstrap_port = 'missing on [0]'" in found
+    for endpoint in data["peers"]["prefill"]:
+        endpoint.update(ec=ec, bootstrap_port=8998)
+    del data["peers"]["ec_consumers"]
+    bundle = parse_bundle(json.dumps(data))
+    assert bundle.peers.ec_addresses() == ["tcp://p0:14579", "tcp://p1:14579"]
+    data["peers"]["pd"] = [{"host": "x", "port": 1, "bootstrap_port": 8998}]
+    assert "pd.0.bootstrap_port: Extra inputs are not permitted" in _problems(data)
+
+
 def test_bad_json_and_unreadable_file_give_one_clear_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not valid JSON"):
         parse_bundle("{")

@@ -92,7 +92,7 @@ def test_the_local_example_runs_every_role_on_loopback_with_its_own_port() -> No
         assert [(e.host, e.port) for e in peers] == [(LOOPBACK, server.port)]
         assert server.host == LOOPBACK
         assert roles[role][0].ready.url == f"http://{LOOPBACK}:{server.port}/health"
-    assert not proxy.env.get("EPD_PROXY_DISCOVER")  # a static roster: nothing to discover on a laptop
+    assert not proxy.proxy.discover  # a static roster: nothing to discover on a laptop
 
 
 def test_the_local_example_uses_the_model_folder_and_a_shared_folder_of_the_work_directory() -> None:
@@ -159,7 +159,7 @@ def test_the_proxy_lists_each_ec_consumer_and_bootstrap_port_of_the_local_prefil
         assert isinstance(ec, ECMooncakeConsumer)
         assert (ec.ec_ip, ec.ec_port) == (LOOPBACK, prefill.ports[ports.ec_port_name(0)])
         expected.append(f"tcp://{LOOPBACK}:{ec.ec_port}")
-    assert proxy.peers.ec_consumers == expected
+    assert proxy.peers.ec_addresses() == expected
     assert [e.port for e in proxy.peers.prefill] == [p.ports[ports.HTTP] for p in roles[Role.PREFILL]]
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from epd_connectors.config.bundle import Role, RoleBundle, parse_bundle
+from epd_connectors.config.bundle import KVProtocol, Role, RoleBundle, parse_bundle
 from epd_connectors.config.consistency import check_deployment
 from epd_connectors.config.kv_transfer import MooncakeStoreConnectorConfig, connectors_of
 from epd_operator.api import constants as c
@@ -184,12 +184,14 @@ def test_the_proxy_follows_endpointslices_with_a_role_that_allows_only_that(name
         {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}
     ]
     assert by_kind["RoleBinding"]["subjects"][0]["name"] == account
-    env = bundles(desired)[account].env
-    assert env["EPD_PROXY_DISCOVER"] == "1"
+    bundle = bundles(desired)[account]
+    assert bundle.proxy is not None and bundle.proxy.discover
     spec = example(name)
-    assert ("EPD_PROXY_EC_PORT" in env) == (spec.get("encoder", {}).get("connector", "mooncake") == "mooncake")
+    pushed = [e.ec is not None for e in bundle.peers.consumers]
+    assert pushed == [spec.get("encoder", {}).get("connector", "mooncake") == "mooncake"] * len(pushed)
     kv = spec.get("prefill", {}).get("kv", {})
-    assert (env.get("EPD_PROXY_KV_PROTOCOL") == "mooncake") == (kv.get("connector") in ("mooncake", "mooncake+store"))
+    p2p = kv.get("connector") in ("mooncake", "mooncake+store")
+    assert (bundle.proxy.kv_protocol is KVProtocol.MOONCAKE) == p2p
 
 
 def test_objects_come_in_apply_order_with_labels_and_owner() -> None:

@@ -2,8 +2,8 @@
 the EC control addresses and bootstrap port it derives for a pod are the ones that Service's own pods listen
 on, by their own bundles (TP, DP, ec_port) and the config library's rule (ec_consumer_control_address).
 
-The proxy side is its real command line (epd_connectors.proxy.cli) reading the rendered bundle's peers and
-env; only the pod address is made up, in an EndpointSlice of the API's shape.
+The proxy side is its real watch list (epd_connectors.proxy.static) from the rendered bundle's typed peers; only
+the pod address is made up, in an EndpointSlice of the API's shape.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import yaml
 
 from epd_connectors.config.bundle import Role, RoleBundle, parse_bundle
 from epd_connectors.config.ec_transfer import ECMooncakeConsumer, ec_consumer_control_address
-from epd_connectors.proxy import cli
 from epd_connectors.proxy.discovery_slices import RoleWatch, specs_from_slices
+from epd_connectors.proxy.static import watches_from_peers
 from epd_operator.api import constants as c
 from epd_operator.api.resource import OperatorDefaults, Owner, parse_spec
 from epd_operator.render import render_desired
@@ -62,9 +62,8 @@ def bundles(spec: dict[str, Any]) -> dict[str, RoleBundle]:
 
 def proxy_watches(found: dict[str, RoleBundle]) -> list[RoleWatch]:
     proxy = next(b for b in found.values() if b.role is Role.PROXY)
-    args = cli.parser(proxy.env).parse_args(["--bundle", "unused.json"])
-    assert args.discover
-    return cli.watches_from(args, proxy.peers)
+    assert proxy.proxy is not None and proxy.proxy.discover
+    return watches_from_peers(proxy.peers)
 
 
 def a_pod_of(watch: RoleWatch) -> dict[str, Any]:
@@ -82,19 +81,19 @@ def test_each_consumer_service_is_addressed_as_its_pods_listen(name: str) -> Non
     watches = proxy_watches(found)
     consumer_roles = {Role.PREFILL, Role.PD}
     consumers = {n for n, b in found.items() if b.role in consumer_roles}
-    assert {w.service for w in watches if w.ec_port is not None} == consumers, "every consumer pool is watched"
-    assert len(consumers) == len({w.service for w in watches if w.ec_port is not None})
+    assert {w.service for w in watches if w.ec is not None} == consumers, "every consumer pool is watched"
+    assert len(consumers) == len({w.service for w in watches if w.ec is not None})
     for watch in watches:
         own = found[watch.service]
         assert own.vllm is not None and watch.port == own.vllm.port
         if own.role not in consumer_roles:
-            assert watch.ec_port is None
+            assert watch.ec is None
             continue
         ec = own.ec_transfer
         assert isinstance(ec, ECMooncakeConsumer)
         listening = ec.model_copy(update={"ec_ip": POD_IP})
         tp, dp = own.vllm.tensor_parallel_size, own.vllm.data_parallel_size
-        assert watch.ec_tensor_parallel_size == tp
+        assert watch.ec is not None and watch.ec.tensor_parallel_size == tp
         (spec,) = specs_from_slices([a_pod_of(watch)], watch)
         assert spec.ec_addresses == tuple(ec_consumer_control_address(listening, tp, d) for d in range(dp))
         if own.vllm.mooncake_bootstrap_port is not None and own.role is Role.PREFILL:
@@ -103,5 +102,5 @@ def test_each_consumer_service_is_addressed_as_its_pods_listen(name: str) -> Non
 
 def test_the_mixed_tp_pools_each_get_their_own_size() -> None:
     for name, want in (("e-p-d-store-offload", [1, 2]), ("pools-swapped", [2, 1])):
-        sizes = [w.ec_tensor_parallel_size for w in proxy_watches(bundles(SPECS[name])) if w.ec_port is not None]
+        sizes = [w.ec.tensor_parallel_size for w in proxy_watches(bundles(SPECS[name])) if w.ec is not None]
         assert sizes == want, name

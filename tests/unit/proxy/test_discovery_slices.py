@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from epd_connectors.config.bundle import Role
+from epd_connectors.config.bundle import ECControl, Role
 from epd_connectors.proxy.discovery_slices import RoleWatch, apply_event, specs_from_slices
 from epd_connectors.proxy.roster import InstanceSpec
 
@@ -50,13 +50,21 @@ def test_port_by_name_then_number_then_the_only_one() -> None:
     assert specs_from_slices(one, RoleWatch(Role.PD, "demo-pd", port_name="grpc")) == []
 
 
+def test_discovered_consumer_addresses_follow_vllms_port_layout() -> None:
+    """TP rank 0 of DP replica d listens on ec_port + d*tp."""
+    assert ECControl(port=14579, tensor_parallel_size=2, data_parallel_size=3).addresses("10.0.0.7") == [
+        "tcp://10.0.0.7:14579",
+        "tcp://10.0.0.7:14581",
+        "tcp://10.0.0.7:14583",
+    ]
+    assert ECControl(port=14579).addresses("fd00::7") == ["tcp://[fd00::7]:14579"]
+
+
 def test_consumers_get_ec_addresses_per_dp_replica_and_prefill_a_bootstrap_address() -> None:
     watch = RoleWatch(
         Role.PREFILL,
         "demo-prefill",
-        ec_port=14579,
-        ec_tensor_parallel_size=2,
-        ec_data_parallel_size=2,
+        ec=ECControl(port=14579, tensor_parallel_size=2, data_parallel_size=2),
         bootstrap_port=8998,
     )
     specs = specs_from_slices([slice_("a", endpoint("10.0.0.9"), service="demo-prefill")], watch)

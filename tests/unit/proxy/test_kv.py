@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from epd_connectors.config.bundle import KVProtocol
 from epd_connectors.proxy.kv import decode_params, engine_id_from_query, prefill_body
-from epd_connectors.proxy.settings import KVProtocol
 
 pytestmark = pytest.mark.unit
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from epd_connectors.config.bundle import Endpoint, Peers, Role
+from epd_connectors.config.bundle import ConsumerEndpoint, ECControl, Endpoint, Peers, Role
 from epd_connectors.proxy.health import apply_probe
 from epd_connectors.proxy.roster import InstanceSpec, Roster, outstanding
 from epd_connectors.proxy.settings import Limits
@@ -91,13 +91,27 @@ def test_static_roster_mistakes(roster: StaticRoster, needle: str) -> None:
 def test_bundle_peers_give_the_roster_and_the_services_to_watch() -> None:
     peers = Peers(
         encoders=[Endpoint(host="demo-encoder.ns.svc", port=8000)],
-        pd=[Endpoint(host="demo-pd.ns.svc", port=8000)],
-        ec_consumers=["tcp://demo-pd.ns.svc:14579"],
+        pd=[ConsumerEndpoint(host="demo-pd.ns.svc", port=8000, ec=ECControl(port=14579))],
     )
     specs = from_peers(peers).specs()
     assert specs[Role.PD] == [InstanceSpec("http://demo-pd.ns.svc:8000", ("tcp://demo-pd.ns.svc:14579",))]
-    watches = watches_from_peers(peers, ec_port=14579, ec_tp=[1], ec_dp=[1])
-    assert [(w.role, w.service, w.port, w.ec_port) for w in watches] == [
+    watches = watches_from_peers(peers)
+    assert [(w.role, w.service, w.port, w.ec) for w in watches] == [
         (Role.ENCODER, "demo-encoder", 8000, None),
-        (Role.PD, "demo-pd", 8000, 14579),
+        (Role.PD, "demo-pd", 8000, ECControl(port=14579)),
+    ]
+
+
+def test_a_static_roster_from_the_bundle_gives_each_consumer_its_own_replicas_addresses() -> None:
+    """By each endpoint's own DP size, not by an even split of one list (1 + 3 addresses would split 2 + 2)."""
+    peers = Peers(
+        pd=[
+            ConsumerEndpoint(host="10.0.0.1", port=8000, ec=ECControl(port=14579)),
+            ConsumerEndpoint(host="10.0.0.2", port=8000, ec=ECControl(port=14579, data_parallel_size=3)),
+        ]
+    )
+    specs = from_peers(peers).specs()
+    assert [s.ec_addresses for s in specs[Role.PD]] == [
+        ("tcp://10.0.0.1:14579",),
+        ("tcp://10.0.0.2:14579", "tcp://10.0.0.2:14580", "tcp://10.0.0.2:14581"),
     ]

@@ -7,7 +7,6 @@ import pytest
 
 from epd_connectors.proxy.routing import (
     Candidate,
-    ec_addresses_for,
     is_affinity_hit,
     least_outstanding,
     pick_dp_rank,
@@ -80,13 +79,3 @@ def test_ec_addresses_split_per_consumer_replicas_consecutive() -> None:
     assert split_ec_addresses(["P0"], []) == {"P0": []}
     with pytest.raises(ValueError, match="do not divide"):
         split_ec_addresses(["P0", "P1"], addresses[:3])
-
-
-def test_discovered_consumer_addresses_follow_vllms_port_layout() -> None:
-    """TP rank 0 of DP replica d listens on ec_port + d*tp."""
-    assert ec_addresses_for("10.0.0.7", 14579, 2, 3) == [
-        "tcp://10.0.0.7:14579",
-        "tcp://10.0.0.7:14581",
-        "tcp://10.0.0.7:14583",
-    ]
-    assert ec_addresses_for("fd00::7", 14579, 1, 1) == ["tcp://[fd00::7]:14579"]

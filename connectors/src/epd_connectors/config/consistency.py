@@ -224,8 +224,8 @@ def _store_owner_problems(bundles: Mapping[str, RoleBundle]) -> list[Disagreemen
 
 
 def _proxy_roster_problems(bundles: Mapping[str, RoleBundle]) -> list[Disagreement]:
-    """A static roster's EC consumer addresses must be exactly the consumers' control addresses (TP rank 0 of
-    each DP replica: the `consumer_zmq` the proxy gives encoders)."""
+    """A static roster's EC consumer addresses (listed, or derived from the endpoints' ec) must be exactly the
+    consumers' control addresses (TP rank 0 of each DP replica: the `consumer_zmq` the proxy gives encoders)."""
     expected: set[str] = set()
     for b in bundles.values():
         if isinstance(b.ec_transfer, ECMooncakeConsumer) and b.vllm is not None:
@@ -233,7 +233,8 @@ def _proxy_roster_problems(bundles: Mapping[str, RoleBundle]) -> list[Disagreeme
             expected.update(ec_consumer_control_address(b.ec_transfer, tp, d) for d in range(dp))
     found = []
     for name, b in bundles.items():
-        listed = set(b.peers.ec_consumers)
+        static = b.proxy is not None and not b.proxy.discover  # discovery derives them from the pods' IPs
+        listed = set(b.peers.ec_addresses()) if static else set()
         if b.role is Role.PROXY and listed and listed != expected:
             found.append(
                 Disagreement(

@@ -22,7 +22,6 @@ from epd_connectors.config._ec_extra import (
     ECMooncakeProducerExtra,
     MooncakeProtocol,
 )
-from epd_connectors.config._ec_ports import ec_consumer_ports, zmq_tcp
 from epd_connectors.config._ec_store_key import (
     EMBEDDING_VALUE_HEADER_BYTES,
     EmbeddingHeader,
@@ -34,6 +33,7 @@ from epd_connectors.config._ec_store_key import (
 )
 from epd_connectors.config._transfer_common import TransferModel
 from epd_connectors.config.base import ConfigError, Port, describe_validation_error, problem, rule_error
+from epd_connectors.config.ec_ports import ec_consumer_ports, ec_control_address, zmq_tcp
 from epd_connectors.config.sizes import ByteSize
 
 __all__ = [
@@ -220,9 +220,8 @@ def ec_consumer_addresses(
 def ec_consumer_control_address(
     consumer: ECMooncakeConsumer, tensor_parallel_size: int, data_parallel_index: int = 0
 ) -> str:
-    """The address the proxy sends an encoder as ``consumer_zmq`` for one DP replica of a consumer: its TP
-    rank 0 port, which advertises the replica's other TP ranks."""
-    return zmq_tcp(consumer.ec_ip, consumer.ec_port + data_parallel_index * tensor_parallel_size)
+    """``ec_control_address`` of this consumer's ``ec_ip`` and ``ec_port``."""
+    return ec_control_address(consumer.ec_ip, consumer.ec_port, tensor_parallel_size, data_parallel_index)
 
 
 def check_ec_pair(

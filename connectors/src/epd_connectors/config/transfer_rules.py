@@ -6,8 +6,8 @@ the bundle runs `check_transfers` when it is validated, and `VllmServerConfig.ar
 
 from __future__ import annotations
 
-from epd_connectors.config._ec_ports import ec_consumer_ports
 from epd_connectors.config.base import MAX_PORT, problem
+from epd_connectors.config.ec_ports import ec_consumer_ports
 from epd_connectors.config.ec_transfer import ECConfig, ECMooncakeConsumer, ECMooncakeProducer
 from epd_connectors.config.kv_transfer import (
     DEFAULT_BOOTSTRAP_PORT,

@@ -12,13 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from epd_connectors.config.base import ConfigError
-from epd_connectors.config.bundle import Role, load_bundle
+from epd_connectors.config.bundle import WORKDIR_ENV, Role, load_bundle
 from epd_connectors.launch.model_check import read_model_config, store_sharing_problem
 from epd_connectors.launch.plan import LaunchError, LaunchPlan, plan_launch
 from epd_connectors.launch.readiness import DependencyTimeoutError, wait_for_all
 
 DEFAULT_WORKDIR = "/tmp/epd-launch"
-WORKDIR_ENV = "EPD_WORKDIR"
 
 
 def _parser() -> argparse.ArgumentParser:

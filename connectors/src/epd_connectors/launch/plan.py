@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from epd_connectors.config.bundle import POD_IP_PLACEHOLDER, VLLM_ROLES, Role, RoleBundle
+from epd_connectors.config.bundle import POD_IP_ENV, POD_IP_PLACEHOLDER, VLLM_ROLES, Role, RoleBundle
 from epd_connectors.config.ec_transfer import ECMooncakeConsumer
 from epd_connectors.config.mooncake import StoreMode
 from epd_connectors.config.vllm import SERVER_MODULE
@@ -20,8 +20,6 @@ from epd_connectors.launch.readiness import Dependency
 
 MOONCAKE_CONFIG_FILE = "mooncake_config.json"
 BUNDLE_PATH_ENV = "EPD_BUNDLE_PATH"
-POD_IP_ENV = "POD_IP"
-"""Set from the downward API in every pod: the address this process advertises to its peers."""
 HOST_IP_ENV = "VLLM_HOST_IP"
 """What vLLM and its transfer engine advertise to peers; in a pod it must be the pod's own IP (facts.md)."""
 PROXY_COMMAND = "epd-proxy"

@@ -11,9 +11,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from epd_connectors.config.bundle import Role
+from epd_connectors.config.bundle import ECControl, Role
 from epd_connectors.proxy.roster import InstanceSpec
-from epd_connectors.proxy.routing import ec_addresses_for
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 """The label every EndpointSlice of a Service carries (the watch selects on it)."""
@@ -29,10 +28,8 @@ class RoleWatch:
     """The port to use when a slice lists several: matched by number (None: the only or first port)."""
     port_name: str | None = None
     """Or matched by name, which wins over `port`."""
-    ec_port: int | None = None
-    """EC consumers with a push connector: the base control port (TP rank 0 of DP replica 0)."""
-    ec_tensor_parallel_size: int = 1
-    ec_data_parallel_size: int = 1
+    ec: ECControl | None = None
+    """EC consumers with a push connector: how their pods' control ports are laid out (the bundle's endpoint)."""
     bootstrap_port: int | None = None
     """Prefill with MooncakeConnector: VLLM_MOONCAKE_BOOTSTRAP_PORT."""
 
@@ -78,13 +75,7 @@ def specs_from_slices(slices: Iterable[Mapping[str, Any]], watch: RoleWatch) -> 
                 continue
             for address in endpoint.get("addresses") or []:
                 url = _host_url(address, port)
-                ec: tuple[str, ...] = ()
-                if watch.ec_port is not None:
-                    ec = tuple(
-                        ec_addresses_for(
-                            address, watch.ec_port, watch.ec_tensor_parallel_size, watch.ec_data_parallel_size
-                        )
-                    )
+                ec = tuple(watch.ec.addresses(address)) if watch.ec is not None else ()
                 bootstrap = _host_url(address, watch.bootstrap_port) if watch.bootstrap_port else None
                 found[url] = InstanceSpec(url, ec, bootstrap)
     return [found[url] for url in sorted(found)]

@@ -16,7 +16,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from epd_connectors.config.bundle import Role
+from epd_connectors.config.bundle import KVProtocol, Role
 from epd_connectors.proxy import kv, routing
 from epd_connectors.proxy.backend import Backend, loads
 from epd_connectors.proxy.encode import EncodeStage, record_failure
@@ -31,7 +31,7 @@ from epd_connectors.proxy.media import MediaItem, find_media
 from epd_connectors.proxy.metrics import ProxyMetrics
 from epd_connectors.proxy.rewrite import consumer_body, new_transfer_id, with_uuids
 from epd_connectors.proxy.roster import Instance, Roster, outstanding
-from epd_connectors.proxy.settings import KVProtocol, ProxyOptions
+from epd_connectors.proxy.settings import ProxyOptions
 
 _T = TypeVar("_T")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from epd_connectors.proxy.settings import KVProtocol
+from epd_connectors.config.bundle import KVProtocol
 
 
 def prefill_body(body: Mapping[str, Any], protocol: KVProtocol, transfer_id: str) -> dict[str, Any]:

@@ -12,8 +12,6 @@ import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from epd_connectors.config._ec_ports import zmq_tcp
-
 
 @dataclass(frozen=True)
 class Candidate:
@@ -82,8 +80,3 @@ def split_ec_addresses(consumers: Sequence[str], addresses: Sequence[str]) -> di
         )
     per = len(addresses) // len(consumers)
     return {c: list(addresses[i * per : (i + 1) * per]) for i, c in enumerate(consumers)}
-
-
-def ec_addresses_for(host: str, ec_port: int, tensor_parallel_size: int, data_parallel_size: int) -> list[str]:
-    """A discovered consumer's control addresses: TP rank 0 of each DP replica d listens on ec_port + d*tp."""
-    return [zmq_tcp(host, ec_port + d * tensor_parallel_size) for d in range(data_parallel_size)]

@@ -7,7 +7,8 @@ than loose keyword arguments; the command line and the tests build them the same
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
+
+from epd_connectors.config.bundle import KVProtocol
 
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 """Seconds to open a TCP connection to a backend; a pod that takes longer is as good as down."""
@@ -68,19 +69,6 @@ class Limits:
         a prober nothing readmits an instance a failed request took out of routing, so a serving proxy keeps
         probing."""
         return self.probe_interval_s > 0
-
-
-class KVProtocol(StrEnum):
-    """How the proxy hands the KV cache from prefill to decode.
-
-    `passive`: connectors that find the KV by content (ExampleConnector, MooncakeStoreConnector); the decode is
-    sent after the prefill answers, with the prefill's kv_transfer_params if it returned any.
-    `mooncake`: MooncakeConnector P2P; the proxy asks the prefill's bootstrap server for its engine id and
-    builds both sides' kv_transfer_params with one transfer id.
-    """
-
-    PASSIVE = "passive"
-    MOONCAKE = "mooncake"
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,8 @@ class StaticRoster:
     pd: Sequence[str] = ()
     ec_consumers: Sequence[str] = ()
     """EC control addresses of the consumers (prefill, else pd/decode), each one's DP replicas consecutively."""
+    ec_per_consumer: Sequence[Sequence[str]] = ()
+    """Or each consumer's own addresses, in consumer order (a bundle's endpoints say each one's DP size)."""
     bootstrap_ports: Sequence[int] = field(default_factory=tuple)
     """MooncakeConnector bootstrap port per prefill URL, or one for all."""
 
@@ -39,7 +41,13 @@ class StaticRoster:
         if not pd and not decode:
             raise ValueError("no decode or pd instance; give --pd URL (combined) or --prefill and --decode")
         consumers = list(self.prefill) or pd
-        ec = split_ec_addresses(consumers, self.ec_consumers)
+        if self.ec_per_consumer and len(self.ec_per_consumer) != len(consumers):
+            raise ValueError(f"EC addresses for {len(self.ec_per_consumer)} consumers, not {len(consumers)}")
+        ec = (
+            {c: list(a) for c, a in zip(consumers, self.ec_per_consumer, strict=True)}
+            if self.ec_per_consumer
+            else split_ec_addresses(consumers, self.ec_consumers)
+        )
         ports = list(self.bootstrap_ports)
         if ports and len(ports) not in (1, len(self.prefill)):
             raise ValueError(f"{len(ports)} bootstrap ports for {len(self.prefill)} prefill instances")
@@ -58,74 +66,50 @@ class StaticRoster:
 
 
 def from_peers(peers: Peers) -> StaticRoster:
-    """The bundle's peers as a static roster."""
+    """The bundle's peers as a static roster: each consumer's EC addresses at its own host, each prefill's
+    bootstrap port."""
 
     def urls(endpoints: Sequence[Endpoint]) -> list[str]:
         return [e.url() for e in endpoints]
 
+    bootstrap = [e.bootstrap_port for e in peers.prefill]
     return StaticRoster(
         encoders=urls(peers.encoders),
         prefill=urls(peers.prefill),
         decode=urls(peers.decode),
         pd=urls(peers.pd),
         ec_consumers=list(peers.ec_consumers),
+        ec_per_consumer=[e.ec.addresses(e.host) for e in peers.consumers if e.ec is not None],
+        bootstrap_ports=[p for p in bootstrap if p is not None] if all(bootstrap) else [],
     )
 
 
-def watches_from_peers(
-    peers: Peers,
-    *,
-    ec_port: int | None,
-    ec_tp: Sequence[int] = (),
-    ec_dp: Sequence[int] = (),
-    bootstrap_ports: Sequence[int] = (),
-) -> list[RoleWatch]:
-    """Discovery targets from the bundle: one watch per endpoint, its Service the first DNS label of the host.
-
-    A role may have several Services (each prefill pool has its own), and a pool's parallel sizes decide its
-    pods' EC control ports, so the per-consumer settings are given per consumer endpoint in the bundle's
-    order, or one value for all (as `StaticRoster.bootstrap_ports`); none means 1 (sizes) or no port.
-    ValueError when a list matches neither.
-    """
+def watches_from_peers(peers: Peers) -> list[RoleWatch]:
+    """Discovery targets from the bundle: one watch per endpoint, its Service the first DNS label of the host,
+    with the endpoint's own EC layout and bootstrap port (each prefill pool has its own Service and sizes)."""
     split = bool(peers.prefill)
-    consumer = Role.PREFILL if split else Role.PD
-    consumers = list(peers.prefill) if split else list(peers.pd or peers.decode)
-    tp = _per_endpoint(ec_tp, len(consumers), "EC tensor-parallel sizes (--ec-tp-size)") or [1] * len(consumers)
-    dp = _per_endpoint(ec_dp, len(consumers), "EC data-parallel sizes (--ec-dp-size)") or [1] * len(consumers)
-    bootstrap = _per_endpoint(bootstrap_ports, len(peers.prefill), "bootstrap ports (--prefill-bootstrap-port)")
     out: list[RoleWatch] = []
-    for role, endpoints in (
-        (Role.ENCODER, list(peers.encoders)),
-        (Role.PREFILL, list(peers.prefill)),
-        (Role.DECODE if split else Role.PD, list(peers.decode) if split else consumers),
-    ):
-        for i, endpoint in enumerate(endpoints):
-            is_consumer = role is consumer
-            out.append(
-                RoleWatch(
-                    role,
-                    endpoint.host.split(".")[0],
-                    port=endpoint.port,
-                    ec_port=ec_port if is_consumer else None,
-                    ec_tensor_parallel_size=tp[i] if is_consumer else 1,
-                    ec_data_parallel_size=dp[i] if is_consumer else 1,
-                    bootstrap_port=bootstrap[i] if bootstrap and role is Role.PREFILL else None,
-                )
+    for endpoint in peers.encoders:
+        out.append(RoleWatch(Role.ENCODER, _service(endpoint), port=endpoint.port))
+    for prefill in peers.prefill:
+        out.append(
+            RoleWatch(
+                Role.PREFILL,
+                _service(prefill),
+                port=prefill.port,
+                ec=prefill.ec,
+                bootstrap_port=prefill.bootstrap_port,
             )
+        )
+    if split:
+        out += [RoleWatch(Role.DECODE, _service(e), port=e.port) for e in peers.decode]
+    else:
+        out += [RoleWatch(Role.PD, _service(e), port=e.port, ec=e.ec) for e in peers.pd]
     return out
 
 
-def _per_endpoint(values: Sequence[int], count: int, what: str) -> list[int]:
-    """`values` spread over `count` endpoints: one each, or one for all; [] when none are given."""
-    if any(v < 1 for v in values):
-        raise ValueError(f"{what} {list(values)}: each must be at least 1")
-    if not values:
-        return []
-    if len(values) == 1:
-        return [values[0]] * count
-    if len(values) != count:
-        raise ValueError(f"{len(values)} {what} for {count} Services; give one per Service, in the bundle's order")
-    return list(values)
+def _service(endpoint: Endpoint) -> str:
+    return endpoint.host.split(".")[0]
 
 
 def _base(url: str) -> str:

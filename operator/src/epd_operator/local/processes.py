@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from epd_connectors.launch.plan import POD_IP_ENV
+from epd_connectors.config.bundle import POD_IP_ENV
 from epd_connectors.vllm_plugins.cpu_amx_tiles import isa_choices
 from epd_operator.local import failures
 from epd_operator.local import plan as local_plan

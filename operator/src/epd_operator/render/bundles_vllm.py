@@ -9,8 +9,7 @@ from __future__ import annotations
 import json
 from typing import cast
 
-from epd_connectors.config.bundle import VLLM_ROLES, Peers, Role, RoleBundle
-from epd_connectors.config.bundle_rules import needs_store
+from epd_connectors.config.bundle import VLLM_ROLES, Peers, Role, RoleBundle, needs_store
 from epd_connectors.config.master import MasterConfig
 from epd_connectors.config.mooncake import MooncakeStoreConfig
 from epd_connectors.config.vllm import VllmRole, VllmServerConfig

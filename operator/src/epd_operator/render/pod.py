@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from epd_connectors.launch.cli import WORKDIR_ENV
-from epd_connectors.launch.plan import POD_IP_ENV
+from epd_connectors.config.bundle import POD_IP_ENV, WORKDIR_ENV
 from epd_operator.api import constants as c
 from epd_operator.render import meta
 from epd_operator.render.context import Context, Unit

@@ -3,7 +3,8 @@
 The proxy's peers are Service DNS names, never pod lists, so scaling any role leaves the proxy's bundle (and
 its pods) untouched. At run time the proxy watches those Services' EndpointSlices (its own ServiceAccount may
 read them, nothing else), so it knows every pod: encoder affinity needs the individual encoders, and an EC
-push needs each consumer pod's control address, so peers.ec_consumers stays empty here.
+push needs each consumer pod's control address, which the proxy derives from the pod's IP and its consumer
+endpoint's `ec` (locally, from the endpoint's own host).
 """
 
 from __future__ import annotations
@@ -13,8 +14,12 @@ from typing import Any, Final
 from epd_connectors.config.bundle import (
     PROXY_LIVENESS_PATH,
     PROXY_READINESS_PATH,
+    ConsumerEndpoint,
+    ECControl,
     Endpoint,
+    KVProtocol,
     Peers,
+    PrefillEndpoint,
     ProxySettings,
     Role,
     RoleBundle,
@@ -29,76 +34,51 @@ PROXY_DEFAULT_REQUESTS: Final = {"cpu": "1", "memory": "1Gi"}
 
 
 def proxy_bundle(ctx: Context, units: list[Unit]) -> RoleBundle:
-    """Where the proxy sends work: each role's Service (each prefill pool's), on vLLM's HTTP port."""
+    """Where the proxy sends work: each role's Service (each prefill pool's), on vLLM's HTTP port, with what
+    the transfer connectors need from it per endpoint."""
+    p2p_kv = ctx.spec.p2p_kv
+    consumer_role = Role.PREFILL if ctx.spec.prefill is not None else Role.PD
 
-    def endpoint(unit: Unit) -> Endpoint:
-        return Endpoint(host=ctx.names.host(unit.name), port=ctx.port(unit.name, ports.HTTP, ports.VLLM_HTTP_PORT))
+    def http(unit: Unit) -> dict[str, Any]:
+        return {"host": ctx.names.host(unit.name), "port": ctx.port(unit.name, ports.HTTP, ports.VLLM_HTTP_PORT)}
 
-    def endpoints(role: str) -> list[Endpoint]:
-        return [endpoint(u) for u in units if u.role == role]
+    def ec(unit: Unit) -> ECControl | None:
+        # The proxy tells each encoder which consumer pod to push to: pod IP + the control port of its TP rank 0,
+        # which depends on the pool's TP size (DP is 1 per pod).
+        if not ctx.spec.encoder.pushes_embeddings or unit.role != consumer_role:
+            return None
+        port = ctx.port(unit.name, ports.ec_port_name(0), ports.EC_CONTROL_PORT)
+        return ECControl(port=port, tensor_parallel_size=unit.tensor_parallel_size)
+
+    def prefill(unit: Unit) -> PrefillEndpoint:
+        # MooncakeConnector: the decode pulls from the prefill pod found through its bootstrap server.
+        bootstrap = ctx.port(unit.name, ports.BOOTSTRAP, ports.KV_BOOTSTRAP_PORT) if p2p_kv else None
+        return PrefillEndpoint(**http(unit), ec=ec(unit), bootstrap_port=bootstrap)
+
+    def of(role: Role) -> list[Unit]:
+        return [u for u in units if u.role == role]
 
     own = next(u for u in units if u.role == Role.PROXY)
     settings = ProxySettings(
         port=ctx.port(own.name, ports.HTTP, ports.PROXY_PORT),
         encoder_affinity=ctx.spec.proxy.routing.encoder_affinity,
+        kv_protocol=KVProtocol.MOONCAKE if p2p_kv else KVProtocol.PASSIVE,
+        # A static roster (derive.site: the local runner) lists every instance in the peers.
+        discover=not ctx.site.network.static_roster,
         **ctx.bind_host,
     )
-
     return RoleBundle(
         deployment=ctx.owner.name,
         namespace=ctx.owner.namespace,
         role=Role.PROXY,
-        env=proxy_env(ctx, units),
         proxy=settings,
         peers=Peers(
-            encoders=endpoints(Role.ENCODER),
-            prefill=endpoints(Role.PREFILL),
-            decode=endpoints(Role.DECODE),
-            pd=endpoints(Role.PD),
-            ec_consumers=_ec_consumers(ctx, units),
+            encoders=[Endpoint(**http(u)) for u in of(Role.ENCODER)],
+            prefill=[prefill(u) for u in of(Role.PREFILL)],
+            decode=[Endpoint(**http(u)) for u in of(Role.DECODE)],
+            pd=[ConsumerEndpoint(**http(u), ec=ec(u)) for u in of(Role.PD)],
         ),
     )
-
-
-def _consumer_units(ctx: Context, units: list[Unit]) -> list[Unit]:
-    """The units that receive encoder output (each prefill pool, else the PD pool), in the order of their
-    endpoints in the proxy's peers: the proxy pairs its per-consumer settings with those endpoints by position."""
-    role = Role.PREFILL if ctx.spec.prefill is not None else Role.PD
-    return [u for u in units if u.role == role]
-
-
-def _ec_consumers(ctx: Context, units: list[Unit]) -> list[str]:
-    """With a static roster (derive.site), each EC consumer's control address (TP rank 0, one instance per
-    unit), in the order of the consumer endpoints; empty in a cluster, where the proxy learns them from pods."""
-    if not ctx.site.network.static_roster or not ctx.spec.encoder.pushes_embeddings:
-        return []
-    return [
-        f"tcp://{ctx.names.host(u.name)}:{ctx.port(u.name, ports.ec_port_name(0), ports.EC_CONTROL_PORT)}"
-        for u in _consumer_units(ctx, units)
-    ]
-
-
-def proxy_env(ctx: Context, units: list[Unit]) -> dict[str, str]:
-    """epd-proxy's settings beyond the bundle's peers (its EPD_PROXY_* variables): discovery, and what the
-    transfer connectors need from it."""
-    # A static roster (derive.site: the local runner) lists every instance and EC address in the peers.
-    static = ctx.site.network.static_roster
-    env = {} if static else {"EPD_PROXY_DISCOVER": "1"}
-    consumers = _consumer_units(ctx, units)
-    if ctx.spec.encoder.pushes_embeddings and consumers and not static:
-        # The proxy tells each encoder which consumer pod to push to: pod IP + the control port of its rank 0.
-        # That port depends on the pod's TP size (DP replica d's rank 0 is ec_port + d*tp), and prefill pools
-        # may differ in TP, so the proxy gets one size per consumer Service, in the order of the peers.
-        env["EPD_PROXY_EC_PORT"] = str(ports.EC_CONTROL_PORT)
-        env["EPD_PROXY_EC_TP_SIZE"] = ",".join(str(u.tensor_parallel_size) for u in consumers)
-    if ctx.spec.p2p_kv:
-        # MooncakeConnector: the decode pulls from the prefill pod found through its bootstrap server.
-        env["EPD_PROXY_KV_PROTOCOL"] = "mooncake"
-        bootstrap = [
-            ctx.port(u.name, ports.BOOTSTRAP, ports.KV_BOOTSTRAP_PORT) for u in units if u.role == Role.PREFILL
-        ]
-        env["EPD_PROXY_PREFILL_BOOTSTRAP_PORT"] = ",".join(str(p) for p in dict.fromkeys(bootstrap))
-    return env
 
 
 DISCOVERY_RULES: Final = [

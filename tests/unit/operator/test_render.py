@@ -573,7 +573,20 @@ def test_a_change_rolls_exactly_the_roles_whose_pods_it_touches(
 PURE_PACKAGES = [Path(__file__).resolve().parents[3] / "operator/src/epd_operator" / p for p in ("derive", "render")]
 FORBIDDEN: tuple[str, ...] = ("kopf", "kubernetes", "aiohttp", "urllib", "socket", "subprocess", "os")
 FORBIDDEN += tuple(
-    f"epd_operator.{m}" for m in ("_kube", "apply", "status", "handlers", "_runtime", "main", "settings")
+    f"epd_operator.{m}"
+    for m in (
+        "_kube",
+        "apply",
+        "status",
+        "handlers",
+        "_runtime",
+        "state",
+        "reconcile",
+        "publish",
+        "repairs",
+        "main",
+        "settings",
+    )
 )
 
 

@@ -1,4 +1,5 @@
-"""The shared base of all config models, the one format every rule's message follows, and the Port type.
+"""The shared base of all config models, the one format every rule's message follows, the Port type
+and the one way a host and a port make an address.
 
 A rule's message must let a platform engineer fix the resource without reading our code, so it always names
 the field, the offending value and the fix: ``<field> = <value>: <problem>. Fix: <fix>``.
@@ -58,3 +59,10 @@ def _check_port(value: int, info: ValidationInfo) -> int:
 
 Port = Annotated[int, AfterValidator(_check_port), Field(json_schema_extra={"minimum": 1, "maximum": MAX_PORT})]
 """A TCP port in 1..65535; the JSON schema (and so the CRD) carries the same bounds."""
+
+
+def address(scheme: str, host: str, port: int) -> str:
+    """``scheme://host:port``, an IPv6 literal in brackets (as URLs and vLLM's make_zmq_path write it)."""
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{scheme}://{host}:{port}"

@@ -16,7 +16,7 @@ from typing import Any, Final, Literal, get_args
 
 from pydantic import Field, ValidationError, model_validator
 
-from epd_connectors.config.base import ConfigError, ConfigModel, Port, describe_validation_error, problem
+from epd_connectors.config.base import ConfigError, ConfigModel, Port, address, describe_validation_error, problem
 from epd_connectors.config.ec_ports import ec_control_address
 from epd_connectors.config.ec_transfer import ECMooncakeProducer, ECTransferConfig
 from epd_connectors.config.kv_transfer import KVTransferConfig, MooncakeStoreConnectorConfig, connectors_of
@@ -64,7 +64,7 @@ class Endpoint(ConfigModel):
     port: Port
 
     def url(self, scheme: str = "http") -> str:
-        return f"{scheme}://{self.host}:{self.port}"
+        return address(scheme, self.host, self.port)
 
 
 class ECControl(ConfigModel):

@@ -7,6 +7,8 @@ encoder the address of the consumer replica it pushes to; both read the layout f
 
 from __future__ import annotations
 
+from epd_connectors.config.base import address
+
 
 def ec_consumer_ports(ec_port: int, tensor_parallel_size: int, data_parallel_size: int = 1) -> list[int]:
     """Control ports of a consumer, DP replica major: TP rank r of replica d listens on ec_port + d*tp + r."""
@@ -23,9 +25,4 @@ def ec_consumer_ports(ec_port: int, tensor_parallel_size: int, data_parallel_siz
 def ec_control_address(host: str, ec_port: int, tensor_parallel_size: int, data_parallel_index: int = 0) -> str:
     """The address an encoder pushes to for one DP replica of a consumer (its ``consumer_zmq``): TP rank 0 of
     the replica, which advertises the replica's other TP ranks."""
-    return zmq_tcp(host, ec_port + data_parallel_index * tensor_parallel_size)
-
-
-def zmq_tcp(host: str, port: int) -> str:
-    """A ZMQ TCP address as vLLM's make_zmq_path writes it (IPv6 literals in brackets)."""
-    return f"tcp://[{host}]:{port}" if ":" in host and not host.startswith("[") else f"tcp://{host}:{port}"
+    return address("tcp", host, ec_port + data_parallel_index * tensor_parallel_size)

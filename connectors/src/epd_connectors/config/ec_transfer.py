@@ -32,8 +32,8 @@ from epd_connectors.config._ec_store_key import (
     parse_embedding_value_header,
 )
 from epd_connectors.config._transfer_common import TransferModel
-from epd_connectors.config.base import ConfigError, Port, describe_validation_error, problem, rule_error
-from epd_connectors.config.ec_ports import ec_consumer_ports, ec_control_address, zmq_tcp
+from epd_connectors.config.base import ConfigError, Port, address, describe_validation_error, problem, rule_error
+from epd_connectors.config.ec_ports import ec_consumer_ports, ec_control_address
 from epd_connectors.config.sizes import ByteSize
 
 __all__ = [
@@ -214,7 +214,7 @@ def ec_consumer_addresses(
 ) -> list[str]:
     """Every control address a consumer listens on (``tcp://ec_ip:port``), in ``ec_consumer_ports`` order."""
     ports = ec_consumer_ports(consumer.ec_port, tensor_parallel_size, data_parallel_size)
-    return [zmq_tcp(consumer.ec_ip, port) for port in ports]
+    return [address("tcp", consumer.ec_ip, port) for port in ports]
 
 
 def ec_consumer_control_address(

@@ -347,11 +347,11 @@ class MasterConfig(base.ConfigModel):
 
     def health_url(self, host: str) -> str:
         """Readiness: 200 with JSON once the master serves; wait for it before any client setup()."""
-        return f"http://{host}:{self.metrics_port}/health"
+        return base.address("http", host, self.metrics_port) + "/health"
 
     def metrics_url(self, host: str) -> str:
         """Prometheus text metrics."""
-        return f"http://{host}:{self.metrics_port}/metrics"
+        return base.address("http", host, self.metrics_port) + "/metrics"
 
     def client_master_address(self, host: str) -> str:
         """What clients put in master_server_address: HOST:rpc_port, or the HA backend's client form."""
@@ -362,5 +362,5 @@ class MasterConfig(base.ConfigModel):
     def metadata_server(self, host: str) -> str:
         """What clients put in metadata_server: this master's HTTP metadata URL, or P2PHANDSHAKE."""
         if self.enable_http_metadata_server:
-            return f"http://{host}:{self.http_metadata_server_port}/metadata"
+            return base.address("http", host, self.http_metadata_server_port) + "/metadata"
         return mc.P2P_HANDSHAKE

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from epd_connectors.config import base
 from epd_connectors.config.bundle import ECControl, Role
 from epd_connectors.proxy.roster import InstanceSpec
 
@@ -54,10 +55,6 @@ def _usable(endpoint: Mapping[str, Any]) -> bool:
     return conditions.get("ready") is not False
 
 
-def _host_url(address: str, port: int) -> str:
-    return f"http://[{address}]:{port}" if ":" in address else f"http://{address}:{port}"
-
-
 def specs_from_slices(slices: Iterable[Mapping[str, Any]], watch: RoleWatch) -> list[InstanceSpec]:
     """The instances of one role from all of its Service's slices, sorted, each address once."""
     found: dict[str, InstanceSpec] = {}
@@ -74,9 +71,9 @@ def specs_from_slices(slices: Iterable[Mapping[str, Any]], watch: RoleWatch) -> 
             if not isinstance(endpoint, Mapping) or not _usable(endpoint):
                 continue
             for address in endpoint.get("addresses") or []:
-                url = _host_url(address, port)
+                url = base.address("http", address, port)
                 ec = tuple(watch.ec.addresses(address)) if watch.ec is not None else ()
-                bootstrap = _host_url(address, watch.bootstrap_port) if watch.bootstrap_port else None
+                bootstrap = base.address("http", address, watch.bootstrap_port) if watch.bootstrap_port else None
                 found[url] = InstanceSpec(url, ec, bootstrap)
     return [found[url] for url in sorted(found)]
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from epd_connectors.config.base import address
 from epd_connectors.config.bundle import Endpoint, Peers, Role
 from epd_connectors.proxy.discovery_slices import RoleWatch
 from epd_connectors.proxy.roster import InstanceSpec
@@ -121,5 +122,4 @@ def _base(url: str) -> str:
 
 
 def _bootstrap(url: str, port: int) -> str:
-    host = urlsplit(url).hostname or ""
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    return address("http", urlsplit(url).hostname or "", port)

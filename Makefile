@@ -41,8 +41,9 @@ fmt: setup-python ## format the code
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-crds: setup-python ## regenerate crds/ from the API models
+crds: setup-python ## regenerate crds/ from the API models, and the deployment chart's values schema from the CRD
 	$(PY) -m epd_operator.api > crds/epddeployments.yaml
+	$(PY) -m tests.unit.packaging.deployment_schema
 
 images: ## build every image of images/, both flavours (Docker if its engine answers, else buildah: no daemon)
 	@images/build.sh

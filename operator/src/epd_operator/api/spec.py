@@ -80,9 +80,8 @@ class _RoleCommon(ApiModel):
     node_selector: LabelMap = {}
     """Nodes for this role."""
     max_surge: int = Field(default=0, ge=0, le=k.REPLICAS_MAX)
-    """Pods a rollout may add before it removes old ones. 0 (the default: GPUs are usually all allocated)
-    replaces one pod at a time, so a role of one replica is down while its new pod loads; give spare GPUs and
-    1 or more for a rollout that never lowers capacity."""
+    """Pods a rollout may add before it removes old ones. 0 (default: GPUs are usually all allocated) replaces
+    one pod at a time, so a one-replica role is briefly down; with spare GPUs, 1 or more keeps capacity."""
 
 
 class EncoderSpec(_RoleCommon):
@@ -95,8 +94,8 @@ class EncoderSpec(_RoleCommon):
     buffer_device: Literal["cuda", "cpu"] = "cuda"
     """Where the EC transfer buffer lives."""
     buffer_size: PositiveQuantity = 1_000_000_000
-    """Bytes of the EC transfer buffer each encoder and each consumer registers (ECMooncakeConnector's
-    ec_buffer_size; vLLM's default, 1e9, is kept unless set). It must hold the embeddings in flight at once."""
+    """Bytes of the EC transfer buffer each encoder and consumer registers (ECMooncakeConnector's
+    ec_buffer_size, vLLM's default 1e9); it must hold the embeddings in flight at once."""
     cross_encoder_cache: CrossEncoderCacheSpec = CrossEncoderCacheSpec()
     """Reuse of encoder outputs across encoders."""
 
@@ -206,13 +205,9 @@ class DecodeKVSpec(ApiModel):
     store_offload: bool = False
     """Without a prefill pool: offload PD's KV cache to the store (MooncakeStoreConnector kv_both)."""
     load_failure_policy: Literal["recompute", "fail"] = "recompute"
-    """What an instance does with a request whose KV load fails (vLLM's kv_load_failure_policy), e.g. a
-    transient Mooncake P2P transfer error or a block gone from the store. "recompute" (default): the request is
-    rescheduled and the failed blocks are computed locally; the output is the same, the request is slower, and
-    vLLM logs the failure ("Recovered from KV load failure"), so a transient failure costs latency, not the
-    request. "fail": the request ends with an error finish reason (vLLM's own default), for those who prefer
-    an error to a hidden recompute cost. Applies to every instance that loads KV: decode, and prefill or PD
-    instances that read prefix blocks from the store."""
+    """When a KV load fails (vLLM's kv_load_failure_policy): "recompute" (default) computes the failed blocks
+    locally, same output at some latency; "fail" ends the request with an error. Applies to every instance
+    that loads KV."""
 
 
 class DecodeSpec(_RoleCommon):

@@ -124,8 +124,7 @@ def render_proxy_deployment(ctx: Context, unit: Unit, bundle_json: str) -> dict[
         ports={ports.HTTP: ports.PROXY_PORT},
         probes=Probes(
             readiness=http_get(PROXY_READINESS_PATH, ports.HTTP, period_s=5, failures=3),
-            # Not /health: that is 503 until every role has a ready instance, and vLLM takes minutes to load,
-            # so a liveness probe on it restarted the proxy while the model roles started (seen on a real node).
+            # Not /health: it is 503 until every role has a ready instance, and vLLM takes minutes to load.
             liveness=http_get(PROXY_LIVENESS_PATH, ports.HTTP, period_s=10, failures=6),
         ),
         resources=resources,

@@ -201,23 +201,23 @@ class RoleBundle(ConfigModel):
 
 # Which sections each role may carry; anything else must be absent, so a bundle can't half-configure a role.
 _SECTIONS = ("master", "store_client", "mooncake", "vllm", "ec_transfer", "kv_transfer", "proxy")
-_ALLOWED: dict[str, frozenset[str]] = {
-    "master": frozenset({"master"}),
-    "store-client": frozenset({"store_client"}),
-    "encoder": frozenset({"vllm", "ec_transfer", "mooncake"}),
-    "prefill": frozenset({"vllm", "ec_transfer", "kv_transfer", "mooncake"}),
-    "decode": frozenset({"vllm", "kv_transfer", "mooncake"}),
-    "pd": frozenset({"vllm", "ec_transfer", "kv_transfer", "mooncake"}),
-    "proxy": frozenset({"proxy"}),
+_ALLOWED: dict[Role, frozenset[str]] = {
+    Role.MASTER: frozenset({"master"}),
+    Role.STORE_CLIENT: frozenset({"store_client"}),
+    Role.ENCODER: frozenset({"vllm", "ec_transfer", "mooncake"}),
+    Role.PREFILL: frozenset({"vllm", "ec_transfer", "kv_transfer", "mooncake"}),
+    Role.DECODE: frozenset({"vllm", "kv_transfer", "mooncake"}),
+    Role.PD: frozenset({"vllm", "ec_transfer", "kv_transfer", "mooncake"}),
+    Role.PROXY: frozenset({"proxy"}),
 }
-_REQUIRED: dict[str, str] = {
-    "master": "master",
-    "store-client": "store_client",
-    "encoder": "vllm",
-    "prefill": "vllm",
-    "decode": "vllm",
-    "pd": "vllm",
-    "proxy": "proxy",
+_REQUIRED: dict[Role, str] = {
+    Role.MASTER: "master",
+    Role.STORE_CLIENT: "store_client",
+    Role.ENCODER: "vllm",
+    Role.PREFILL: "vllm",
+    Role.DECODE: "vllm",
+    Role.PD: "vllm",
+    Role.PROXY: "proxy",
 }
 # Set by the launcher from typed sections; a user env entry must not fight them.
 _OWNED_ENV = (
@@ -231,7 +231,7 @@ _OWNED_ENV = (
 
 def _role_section_problems(bundle: RoleBundle) -> list[str]:
     """Every problem with the bundle as a whole, one message each; empty when it can be launched."""
-    role = bundle.role.value
+    role = bundle.role
     found: list[str] = []
     for section in _SECTIONS:
         present = getattr(bundle, section) is not None

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
+from epd_connectors.config.base import MAX_PORT
 from epd_operator.api import constants as c
 from epd_operator.derive import ports
 
@@ -103,7 +104,7 @@ class LocalNetwork:
             candidate = self.base_port
             while any(p in used for p in range(candidate, candidate + span)):
                 candidate += 1
-            if candidate + span - 1 > 65535:
+            if candidate + span - 1 > MAX_PORT:
                 raise ValueError(f"no port left above {self.base_port} for {workload} {name}")
             self.assigned[key] = candidate
         return self.assigned[key]

@@ -18,6 +18,7 @@ from typing import Literal
 
 from epd_connectors.config.bundle import Role
 from epd_connectors.config.ec_transfer import (
+    ECConfig,
     ECExampleConnectorConfig,
     ECExampleExtra,
     ECMooncakeConsumer,
@@ -39,7 +40,6 @@ from epd_connectors.config.kv_transfer import (
 from epd_operator.derive import identity, ports
 from epd_operator.render.context import EC_SUBDIR, KV_SUBDIR, Context, Unit
 
-ECConfig = ECMooncakeProducer | ECMooncakeConsumer | ECExampleConnectorConfig
 Protocol = Literal["rdma", "tcp"]
 FailurePolicy = Literal["recompute", "fail"]
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from epd_connectors.config.bundle import Role
+from epd_connectors.config.roles import Role
 from epd_operator import settings as operator_settings
 from epd_operator.api import constants as c
 from epd_operator.api.resource import OperatorDefaults, Owner, parse_spec

@@ -37,7 +37,7 @@ import pytest
 import yaml
 from kubernetes import client, config
 
-from epd_connectors.config.bundle import Role
+from epd_connectors.config.roles import Role
 from epd_operator.api import constants as c
 from epd_testenv import cluster, components, layout
 from tests.cluster.operator_fixtures import (

@@ -31,8 +31,9 @@ from typing import Any
 
 import pytest
 
-from epd_connectors.config.bundle import Role, RoleBundle
+from epd_connectors.config.bundle import RoleBundle
 from epd_connectors.config.ec_transfer import ECExampleConnectorConfig
+from epd_connectors.config.roles import Role
 from epd_connectors.config.vllm import VllmServerConfig
 from epd_operator.local import failures, profile
 from epd_operator.local.failures import LogWatch

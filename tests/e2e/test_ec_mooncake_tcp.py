@@ -28,8 +28,9 @@ from typing import Any
 
 import pytest
 
-from epd_connectors.config.bundle import Role, RoleBundle
+from epd_connectors.config.bundle import RoleBundle
 from epd_connectors.config.ec_transfer import ECMooncakeConsumer, ECMooncakeProducer
+from epd_connectors.config.roles import Role
 from epd_connectors.proxy.local import LocalProxy, local_proxy
 from epd_connectors.vllm_plugins.ec_idle_load import TOGGLE_ENV
 from tests.e2e.conftest import (

@@ -40,8 +40,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from epd_connectors.config.bundle import Role
 from epd_connectors.config.kv_transfer import MooncakeStoreConnectorConfig, connectors_of
+from epd_connectors.config.roles import Role
 from epd_connectors.vllm_plugins import cpu_amx_tiles, mooncake_cpu_device
 from epd_operator.derive.site import LOOPBACK
 from epd_operator.local import processes, profile

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from epd_connectors import store_probe
-from epd_connectors.config.bundle import Role
+from epd_connectors.config.roles import Role
 from epd_operator.derive.site import LOOPBACK
 from tests.e2e.conftest import TIMINGS, VllmInstance
 from tests.e2e.test_local_e_p_d import (

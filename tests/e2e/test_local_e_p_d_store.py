@@ -29,8 +29,8 @@ from typing import Any
 
 import pytest
 
-from epd_connectors.config.bundle import Role
 from epd_connectors.config.kv_transfer import MooncakeConnectorConfig, connectors_of
+from epd_connectors.config.roles import Role
 from tests.e2e.conftest import VllmInstance
 from tests.e2e.test_local_e_p_d import (
     CASES,

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from epd_connectors.config.bundle import Role
+from epd_connectors.config.roles import Role
 from epd_operator.local import processes, profile
 from epd_operator.local.plan import POD_IP
 from epd_operator.local.processes import LocalDeployment, Running

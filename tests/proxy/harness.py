@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import uvicorn
 
-from epd_connectors.config.bundle import Role
+from epd_connectors.config.roles import Role
 from epd_connectors.proxy.app import ProxyApp
 from epd_connectors.proxy.roster import InstanceSpec, Roster
 from epd_connectors.proxy.settings import Limits, ProxyOptions, Timeouts

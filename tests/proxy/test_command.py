@@ -10,7 +10,8 @@ from urllib.parse import urlsplit
 import aiohttp
 import pytest
 
-from epd_connectors.config.bundle import Endpoint, Peers, PrefillEndpoint, ProxySettings, Role, RoleBundle
+from epd_connectors.config.bundle import Endpoint, Peers, PrefillEndpoint, ProxySettings, RoleBundle
+from epd_connectors.config.roles import Role
 from epd_connectors.proxy import cli
 from epd_connectors.proxy.local import local_proxy
 from tests.proxy.harness import post_json, run

@@ -15,16 +15,9 @@ from typing import Any
 
 import pytest
 
-from epd_connectors.config.bundle import (
-    ECControl,
-    Endpoint,
-    Peers,
-    PrefillEndpoint,
-    ProxySettings,
-    Role,
-    RoleBundle,
-)
+from epd_connectors.config.bundle import ECControl, Endpoint, Peers, PrefillEndpoint, ProxySettings, RoleBundle
 from epd_connectors.config.ec_transfer import ECMooncakeConsumer, ec_consumer_control_address
+from epd_connectors.config.roles import Role
 from epd_connectors.proxy import cli
 from epd_connectors.proxy.app import ProxyApp
 from epd_connectors.proxy.discovery import kubernetes_discovery, union

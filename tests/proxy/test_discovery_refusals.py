@@ -12,7 +12,7 @@ import logging
 
 import pytest
 
-from epd_connectors.config.bundle import Role
+from epd_connectors.config.roles import Role
 from epd_connectors.proxy import discovery
 from epd_connectors.proxy.app import ProxyApp
 from epd_connectors.proxy.discovery import Failures, kubernetes_discovery

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 
-from epd_connectors.config.bundle import ECControl, Role
+from epd_connectors.config.bundle import ECControl
+from epd_connectors.config.roles import Role
 from epd_connectors.proxy.app import ProxyApp
 from epd_connectors.proxy.discovery import kubernetes_discovery
 from epd_connectors.proxy.discovery_slices import RoleWatch

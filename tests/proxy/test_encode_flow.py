@@ -9,7 +9,7 @@ from typing import Any
 
 import aiohttp
 
-from epd_connectors.config.bundle import Role
+from epd_connectors.config.roles import Role
 from epd_connectors.proxy.app import ProxyApp
 from epd_connectors.proxy.flow import DP_RANK_HEADER
 from epd_connectors.proxy.media import find_media

@@ -10,7 +10,8 @@ from typing import Any
 
 import aiohttp
 
-from epd_connectors.config.bundle import PROXY_LIVENESS_PATH, Role
+from epd_connectors.config.bundle import PROXY_LIVENESS_PATH
+from epd_connectors.config.roles import Role
 from epd_connectors.proxy.app import ProxyApp
 from epd_connectors.proxy.settings import Limits, ProxyOptions, Timeouts
 from tests.proxy.harness import FAST, post_json, roster_of, run, serving

@@ -13,7 +13,7 @@ from typing import Any
 
 import aiohttp
 
-from epd_connectors.config.bundle import Role
+from epd_connectors.config.roles import Role
 from epd_connectors.proxy.app import ProxyApp
 from tests.proxy.harness import FAST, post_json, roster_of, run
 from tests.proxy.harness import serving as serving_app

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from epd_connectors.config.bundle import Role
+from epd_connectors.config.roles import Role
 from epd_connectors.proxy import cli
 from epd_connectors.proxy.settings import Limits
 from tests.proxy.harness import FAST, post_json, run, serving

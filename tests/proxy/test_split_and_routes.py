@@ -7,7 +7,8 @@ from typing import Any
 
 import aiohttp
 
-from epd_connectors.config.bundle import KVProtocol, Role
+from epd_connectors.config.bundle import KVProtocol
+from epd_connectors.config.roles import Role
 from epd_connectors.proxy.app import ProxyApp
 from epd_connectors.proxy.media import find_media
 from epd_connectors.proxy.roster import InstanceSpec

@@ -30,7 +30,7 @@ import pytest
 import yaml
 
 from epd_connectors import store_probe
-from epd_connectors.config.bundle import Role, RoleBundle
+from epd_connectors.config.bundle import RoleBundle
 from epd_connectors.config.ec_transfer import (
     embedding_key,
     embedding_namespace,
@@ -38,6 +38,7 @@ from epd_connectors.config.ec_transfer import (
     parse_embedding_value_header,
 )
 from epd_connectors.config.master import TenantQuotaPolicy
+from epd_connectors.config.roles import Role
 from epd_connectors.launch.plan import LaunchPlan, plan_launch
 from epd_operator.local import processes, profile
 from epd_operator.local.plan import POD_IP, LocalPlan

@@ -15,7 +15,8 @@ from typing import Any
 
 import yaml
 
-from epd_connectors.config.bundle import VLLM_ROLES, parse_bundle
+from epd_connectors.config.bundle import parse_bundle
+from epd_connectors.config.roles import VLLM_ROLES
 from epd_connectors.launch.plan import plan_launch
 from epd_operator.api import constants as c
 from epd_operator.api.resource import InvalidSpecError, OperatorDefaults, Owner, parse_spec

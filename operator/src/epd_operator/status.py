@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from epd_connectors.config.bundle import Role
+from epd_connectors.config.roles import Role
 from epd_operator import _kube
 from epd_operator.api import constants as c
 from epd_operator.api.status import Condition, EPDDeploymentStatus, Phase, RoleStatus

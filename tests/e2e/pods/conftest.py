@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from epd_connectors.config.bundle import Role
+from epd_connectors.config.roles import Role
 from epd_operator.api import constants as c
 from epd_operator.derive import ports
 from epd_operator.render.pod import RUN_AS_USER

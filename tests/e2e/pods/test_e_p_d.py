@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from epd_connectors.config.bundle import Role
+from epd_connectors.config.roles import Role
 from epd_operator.api import constants as c
 from epd_testenv import nodehost
 from tests.e2e.conftest import REPO, TIMINGS, VllmInstance

@@ -17,7 +17,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionChunk
 
-from epd_connectors.config.bundle import Role
+from epd_connectors.config.roles import Role
 from epd_testenv import realnode
 from tests.e2e.conftest import REPO, SERVED_MODEL, TIMINGS, VllmInstance
 from tests.e2e.pods.conftest import RealCluster, RealEPD, deployed

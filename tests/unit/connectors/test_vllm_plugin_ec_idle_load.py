@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from epd_connectors.config.bundle import Role, RoleBundle
+from epd_connectors.config.bundle import RoleBundle
 from epd_connectors.config.ec_transfer import ECMooncakeConsumer
+from epd_connectors.config.roles import Role
 from epd_connectors.config.vllm import VllmServerConfig
 from epd_connectors.launch.plan import plan_launch
 from epd_connectors.vllm_plugins import _patching

@@ -22,8 +22,9 @@ from typing import Any
 import pytest
 import yaml
 
-from epd_connectors.config.bundle import Role, RoleBundle, parse_bundle
+from epd_connectors.config.bundle import RoleBundle, parse_bundle
 from epd_connectors.config.ec_transfer import embedding_namespace
+from epd_connectors.config.roles import Role
 from epd_connectors.launch.plan import LaunchPlan, plan_launch
 from epd_operator.api import constants as c
 from epd_operator.api.resource import OperatorDefaults, Owner, parse_spec

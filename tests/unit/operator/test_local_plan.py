@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from epd_connectors.config.bundle import POD_IP_PLACEHOLDER, Role, parse_bundle
+from epd_connectors.config.bundle import POD_IP_PLACEHOLDER, parse_bundle
 from epd_connectors.config.ec_transfer import ECExampleConnectorConfig, ECMooncakeConsumer, ECMooncakeProducer
+from epd_connectors.config.roles import Role
 from epd_connectors.launch.plan import plan_launch
 from epd_operator.api.resource import OperatorDefaults
 from epd_operator.derive import ports

@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 import yaml
 
-from epd_connectors.config.bundle import KVProtocol, Role, RoleBundle, parse_bundle
+from epd_connectors.config.bundle import KVProtocol, RoleBundle, parse_bundle
 from epd_connectors.config.consistency import check_deployment
 from epd_connectors.config.kv_transfer import MooncakeStoreConnectorConfig, connectors_of
+from epd_connectors.config.roles import Role
 from epd_operator.api import constants as c
 from epd_operator.api.resource import OperatorDefaults, Owner, parse_spec
 from epd_operator.render import Desired, render_desired

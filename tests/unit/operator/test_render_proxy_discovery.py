@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
-from epd_connectors.config.bundle import Role, RoleBundle, parse_bundle
+from epd_connectors.config.bundle import RoleBundle, parse_bundle
 from epd_connectors.config.ec_transfer import ECMooncakeConsumer, ec_consumer_control_address
+from epd_connectors.config.roles import Role
 from epd_connectors.proxy.discovery_slices import RoleWatch, specs_from_slices
 from epd_connectors.proxy.static import watches_from_peers
 from epd_operator.api import constants as c

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from epd_connectors.config.bundle import Role
+from epd_connectors.config.roles import Role
 from epd_operator import status
 from epd_operator.api import constants as c
 from epd_operator.api.status import EPDDeploymentStatus

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from packaging.requirements import Requirement
 
-from epd_connectors.config.bundle import Role
+from epd_connectors.config.roles import Role
 from epd_operator.api.resource import OperatorDefaults
 from epd_operator.render.pod import BUNDLE_PATH, RUN_AS_USER
 from tests.unit.packaging import dockerfile, image_list

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from epd_connectors.config.bundle import ECControl, Role
+from epd_connectors.config.bundle import ECControl
+from epd_connectors.config.roles import Role
 from epd_connectors.proxy.discovery_slices import RoleWatch, apply_event, specs_from_slices
 from epd_connectors.proxy.roster import InstanceSpec
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from epd_connectors.config.bundle import Role
+from epd_connectors.config.roles import Role
 from epd_connectors.proxy.metrics import ProxyMetrics
 from epd_connectors.proxy.roster import InstanceSpec, Roster
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from epd_connectors.config.bundle import ConsumerEndpoint, ECControl, Endpoint, Peers, Role
+from epd_connectors.config.bundle import ConsumerEndpoint, ECControl, Endpoint, Peers
+from epd_connectors.config.roles import Role
 from epd_connectors.proxy.health import apply_probe
 from epd_connectors.proxy.roster import InstanceSpec, Roster, outstanding
 from epd_connectors.proxy.settings import Limits

@@ -7,6 +7,7 @@ the field, the offending value and the fix: ``<field> = <value>: <problem>. Fix:
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo
@@ -28,8 +29,10 @@ class ConfigError(ValueError):
 
 
 def rule_error(field: str, value: object, problem: str, fix: str) -> ValueError:
-    """The error a validator raises; pydantic keeps the message and adds the field's location."""
-    return ValueError(f"{field} = {value!r}: {problem}. Fix: {fix}")
+    """The error a validator raises; pydantic keeps the message and adds the field's location. An enum value
+    shows as what the user wrote ('pd'), not as the member."""
+    shown = value.value if isinstance(value, Enum) else value
+    return ValueError(f"{field} = {shown!r}: {problem}. Fix: {fix}")
 
 
 def problem(field: str, value: object, issue: str, fix: str) -> str:

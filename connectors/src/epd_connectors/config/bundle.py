@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Final, Literal, get_args
+from typing import Any, Final, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -22,33 +22,19 @@ from epd_connectors.config.ec_transfer import ECMooncakeProducer, ECTransferConf
 from epd_connectors.config.kv_transfer import KVTransferConfig, MooncakeStoreConnectorConfig, connectors_of
 from epd_connectors.config.master import MasterConfig
 from epd_connectors.config.mooncake import MooncakeStoreConfig, StoreMode
+from epd_connectors.config.roles import Role
 from epd_connectors.config.store_client import StoreClientConfig
 from epd_connectors.config.transfer_rules import check_transfers
-from epd_connectors.config.vllm import VllmRole, VllmServerConfig
+from epd_connectors.config.vllm import VllmServerConfig
 
 BUNDLE_API_VERSION: Literal["epd.serving.io/v1alpha1"] = "epd.serving.io/v1alpha1"
 BUNDLE_KIND: Literal["RoleBundle"] = "RoleBundle"
-
-
-class Role(StrEnum):
-    """What one pod runs. `pd` is a combined prefill+decode instance (no separate prefill pool)."""
-
-    MASTER = "master"
-    STORE_CLIENT = "store-client"
-    ENCODER = "encoder"
-    PREFILL = "prefill"
-    DECODE = "decode"
-    PD = "pd"
-    PROXY = "proxy"
 
 
 POD_IP_PLACEHOLDER: Literal["pod-ip.invalid"] = "pod-ip.invalid"
 """Host written into a bundle where only the pod knows the value (a store client's host, an EC consumer's ec_ip,
 an HA master's rpc_address): epd-launch replaces it with POD_IP from the downward API. The .invalid TLD
 (RFC 2606) never resolves, so an address that was not replaced fails loudly instead of pointing elsewhere."""
-
-VLLM_ROLES: Final = frozenset(Role(name) for name in get_args(VllmRole))
-"""The roles that run a vLLM server (and that the proxy routes to): VllmServerConfig.role's values."""
 
 POD_IP_ENV: Final = "POD_IP"
 """Set from the downward API in every pod: the address this process advertises to its peers."""
@@ -317,7 +303,7 @@ def _vllm_problems(bundle: RoleBundle) -> list[str]:
             )
         )
     standalone = mooncake.mode is StoreMode.STANDALONE_STORE
-    if bundle.role.value == "encoder" and standalone and not bundle.peers.master_metrics_url:
+    if bundle.role == Role.ENCODER and standalone and not bundle.peers.master_metrics_url:
         found.append(
             problem(
                 "peers.master_metrics_url",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-from epd_connectors.config.bundle import Role, RoleBundle
+from epd_connectors.config.bundle import RoleBundle
 from epd_connectors.config.ec_transfer import ECMooncakeConsumer, ECMooncakeProducer, ec_consumer_control_address
 from epd_connectors.config.kv_transfer import (
     MooncakeConnectorConfig,
@@ -18,6 +18,7 @@ from epd_connectors.config.kv_transfer import (
     connectors_of,
     p2p_tp_fits,
 )
+from epd_connectors.config.roles import Role
 
 Observation = tuple[str, object]
 """(where, value): where is "<bundle name>.<field path>"."""

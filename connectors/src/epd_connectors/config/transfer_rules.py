@@ -17,6 +17,7 @@ from epd_connectors.config.kv_transfer import (
     MooncakeStoreExtra,
     connectors_of,
 )
+from epd_connectors.config.roles import Role
 from epd_connectors.config.vllm import VllmServerConfig
 
 HASH_SEED_ALGOS = frozenset({"xxhash", "xxhash_cbor"})
@@ -31,9 +32,9 @@ def check_transfers(
     ``store_offload``: the Mooncake JSON's enable_offload, None when the pod has no Mooncake store config.
     """
     found: list[str] = []
-    if ec is None and server.role == "encoder":
+    if ec is None and server.role == Role.ENCODER:
         found.append(problem("ec_transfer_config", None, "an encoder needs an EC connector", "give one"))
-    elif ec is not None and server.role == "decode":
+    elif ec is not None and server.role == Role.DECODE:
         found.append(
             problem(
                 "ec_transfer_config",
@@ -42,7 +43,7 @@ def check_transfers(
                 "drop it",
             )
         )
-    elif ec is not None and server.role == "encoder":
+    elif ec is not None and server.role == Role.ENCODER:
         found.extend(check_encoder(ec, server, store_offload=store_offload))
     elif ec is not None:
         found.extend(check_consumer(ec, server))
@@ -62,7 +63,7 @@ def check_encoder(
     Mooncake store config (MOONCAKE_CONFIG_PATH) at all.
     """
     found: list[str] = []
-    if server.role != "encoder":
+    if server.role != Role.ENCODER:
         found.append(problem("vllm.role", server.role, "is not an encoder", "use check_consumer for it"))
     if ec.ec_role not in ("ec_producer", "ec_both") or isinstance(ec, ECMooncakeConsumer):
         found.append(problem("ec_transfer_config.ec_role", ec.ec_role, "an encoder must produce", "use ec_producer"))
@@ -133,7 +134,7 @@ def _cross_encoder_problems(server: VllmServerConfig, store_offload: bool | None
 def check_consumer(ec: ECConfig, server: VllmServerConfig) -> list[str]:
     """Rules spanning a prefill/PD instance's EC config and its vLLM server settings; one line per problem."""
     found: list[str] = []
-    if server.role not in ("prefill", "pd"):
+    if server.role not in (Role.PREFILL, Role.PD):
         found.append(
             problem("vllm.role", server.role, "only prefill and pd consume encoder output", "drop the EC config")
         )
@@ -176,10 +177,10 @@ def check_consumer(ec: ECConfig, server: VllmServerConfig) -> list[str]:
 
 
 # What each vLLM role's KV config must do.
-_ROLE_KV: dict[str, tuple[str, ...]] = {
-    "prefill": ("kv_producer", "kv_both"),
-    "decode": ("kv_consumer",),
-    "pd": ("kv_both",),
+_ROLE_KV: dict[Role, tuple[str, ...]] = {
+    Role.PREFILL: ("kv_producer", "kv_both"),
+    Role.DECODE: ("kv_consumer",),
+    Role.PD: ("kv_both",),
 }
 
 
@@ -187,10 +188,10 @@ def check_kv(kv: AnyKVConfig | None, server: VllmServerConfig) -> list[str]:
     """Rules spanning a KV config and its vLLM server settings; one line per problem."""
     role = server.role
     if kv is None:
-        if role in ("prefill", "decode"):
+        if role in (Role.PREFILL, Role.DECODE):
             return [problem("kv_transfer_config", None, f"a {role} instance needs a KV connector", "give a KV config")]
         return []
-    if role == "encoder":
+    if role == Role.ENCODER:
         return [problem("kv_transfer_config", kv.kv_connector, "encoders hold no KV cache", "drop it")]
     found: list[str] = []
     if kv.kv_role not in _ROLE_KV[role]:
@@ -203,7 +204,7 @@ def check_kv(kv: AnyKVConfig | None, server: VllmServerConfig) -> list[str]:
             )
         )
     for child in connectors_of(kv):
-        if isinstance(child, MooncakeConnectorConfig) and role == "pd":
+        if isinstance(child, MooncakeConnectorConfig) and role == Role.PD:
             found.append(
                 problem(
                     "kv_transfer_config",
@@ -279,7 +280,7 @@ def _store_problems(extra: MooncakeStoreExtra, server: VllmServerConfig) -> list
                 "use the LCM of every prefiller's and decoder's TP",
             )
         )
-    if extra.prefill_tp_sizes is not None and server.role == "prefill" and tp not in extra.prefill_tp_sizes:
+    if extra.prefill_tp_sizes is not None and server.role == Role.PREFILL and tp not in extra.prefill_tp_sizes:
         found.append(
             problem(
                 f"{field}.prefill_tp_sizes",

@@ -18,8 +18,8 @@ from epd_connectors.config import _transfer_common
 from epd_connectors.config.base import ConfigModel, Port, rule_error
 from epd_connectors.config.ec_transfer import ECConfig
 from epd_connectors.config.kv_transfer import AnyKVConfig
+from epd_connectors.config.roles import Role, VllmRole
 
-VllmRole = Literal["encoder", "prefill", "decode", "pd"]
 """What the instance does: encoder (vision/audio encoder only), prefill, decode, or combined pd."""
 
 ModelDType = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
@@ -250,7 +250,7 @@ class VllmServerConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _role_flags(self) -> VllmServerConfig:
-        if self.role == "encoder":
+        if self.role == Role.ENCODER:
             # vLLM's disaggregated-encoder docs: encoders must run eager and without prefix caching.
             if self.enforce_eager is False:
                 raise rule_error("enforce_eager", False, "encoders must run eager", "leave it unset or true")
@@ -275,15 +275,15 @@ class VllmServerConfig(ConfigModel):
     # Effective values: what the role implies where the field is left unset.
     def effective_enforce_eager(self) -> bool | None:
         """True on encoders unless set; None elsewhere means vLLM's default (no flag)."""
-        return True if self.role == "encoder" and self.enforce_eager is None else self.enforce_eager
+        return True if self.role == Role.ENCODER and self.enforce_eager is None else self.enforce_eager
 
     def effective_prefix_caching(self) -> bool | None:
         """False on encoders unless set; None elsewhere means vLLM's default (no flag)."""
-        return False if self.role == "encoder" else self.enable_prefix_caching
+        return False if self.role == Role.ENCODER else self.enable_prefix_caching
 
     def effective_max_num_batched_tokens(self) -> int | None:
         """The encoder's large budget unless set; None elsewhere means vLLM's default."""
-        if self.max_num_batched_tokens is None and self.role == "encoder":
+        if self.max_num_batched_tokens is None and self.role == Role.ENCODER:
             return ENCODER_MAX_NUM_BATCHED_TOKENS
         return self.max_num_batched_tokens
 
@@ -303,14 +303,14 @@ class VllmServerConfig(ConfigModel):
         if budget is not None:
             args += ["--max-num-batched-tokens", str(budget)]
         args += ["--mm-processor-cache-gb", _number(self.mm_processor_cache_gb)]
-        encoder_only = self.mm_encoder_only if self.mm_encoder_only is not None else self.role == "encoder"
+        encoder_only = self.mm_encoder_only if self.mm_encoder_only is not None else self.role == Role.ENCODER
         if encoder_only:
             args.append("--mm-encoder-only")
         if self.enable_lora:
             args.append("--enable-lora")
         args += _bool_flag("--enforce-eager", self.effective_enforce_eager())
         args += _bool_flag("--enable-prefix-caching", self.effective_prefix_caching())
-        consumes = ec is not None and self.role in ("prefill", "pd")
+        consumes = ec is not None and self.role in (Role.PREFILL, Role.PD)
         args += _bool_flag(
             "--enable-mm-embeds", True if self.enable_mm_embeds is None and consumes else self.enable_mm_embeds
         )

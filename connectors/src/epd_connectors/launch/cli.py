@@ -12,7 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from epd_connectors.config.base import ConfigError
-from epd_connectors.config.bundle import WORKDIR_ENV, Role, load_bundle
+from epd_connectors.config.bundle import WORKDIR_ENV, load_bundle
+from epd_connectors.config.roles import Role
 from epd_connectors.launch.model_check import read_model_config, store_sharing_problem
 from epd_connectors.launch.plan import LaunchError, LaunchPlan, plan_launch
 from epd_connectors.launch.readiness import DependencyTimeoutError, wait_for_all

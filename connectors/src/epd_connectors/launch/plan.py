@@ -12,9 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from epd_connectors.config.bundle import POD_IP_ENV, POD_IP_PLACEHOLDER, VLLM_ROLES, Role, RoleBundle
+from epd_connectors.config.bundle import POD_IP_ENV, POD_IP_PLACEHOLDER, RoleBundle
 from epd_connectors.config.ec_transfer import ECMooncakeConsumer
 from epd_connectors.config.mooncake import StoreMode
+from epd_connectors.config.roles import VLLM_ROLES, Role
 from epd_connectors.config.vllm import SERVER_MODULE
 from epd_connectors.launch.readiness import Dependency
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from epd_connectors.config import base
-from epd_connectors.config.bundle import ECControl, Role
+from epd_connectors.config.bundle import ECControl
+from epd_connectors.config.roles import Role
 from epd_connectors.proxy.roster import InstanceSpec
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"

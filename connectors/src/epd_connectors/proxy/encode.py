@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from epd_connectors.config.bundle import Role
+from epd_connectors.config.roles import Role
 from epd_connectors.proxy import routing
 from epd_connectors.proxy.backend import Backend
 from epd_connectors.proxy.errors import (

@@ -16,7 +16,8 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from epd_connectors.config.bundle import KVProtocol, Role
+from epd_connectors.config.bundle import KVProtocol
+from epd_connectors.config.roles import Role
 from epd_connectors.proxy import kv, routing
 from epd_connectors.proxy.backend import Backend, loads
 from epd_connectors.proxy.encode import EncodeStage, record_failure

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from epd_connectors.config.base import address
-from epd_connectors.config.bundle import Endpoint, Peers, Role
+from epd_connectors.config.bundle import Endpoint, Peers
+from epd_connectors.config.roles import Role
 from epd_connectors.proxy.discovery_slices import RoleWatch
 from epd_connectors.proxy.roster import InstanceSpec
 from epd_connectors.proxy.routing import split_ec_addresses

@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from epd_connectors.config.bundle import Role
+from epd_connectors.config.roles import Role
 from epd_operator.api import constants as c
 from epd_operator.api import kube as k
 from epd_operator.api._base import BYTE_SIZE_FORMAT, BYTE_SIZE_MARK, size_text

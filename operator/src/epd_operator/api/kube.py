@@ -12,7 +12,7 @@ import re
 from decimal import Decimal
 from typing import Final
 
-from epd_connectors.config.bundle import Role
+from epd_connectors.config.roles import Role
 
 INT32_MAX: Final = 2**31 - 1
 """replicas, maxSurge and every count the workloads carry are int32 in the API; JSON admits int64."""

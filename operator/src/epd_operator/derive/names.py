@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from epd_connectors.config.bundle import Role
 from epd_connectors.config.master import MasterConfig
+from epd_connectors.config.roles import Role
 from epd_operator.api.kube import DNS_1035, SERVICE_NAME_MAX, STATEFULSET_NAME_MAX
 from epd_operator.derive.site import ClusterNetwork, Network
 

@@ -14,7 +14,8 @@ from typing import Any
 import yaml
 
 from epd_connectors.config.base import ConfigError
-from epd_connectors.config.bundle import Role, RoleBundle, parse_bundle
+from epd_connectors.config.bundle import RoleBundle, parse_bundle
+from epd_connectors.config.roles import Role
 from epd_operator.api import constants as c
 from epd_operator.api.resource import InvalidSpecError, OperatorDefaults, Owner, parse_spec
 from epd_operator.api.spec import EPDDeploymentSpec

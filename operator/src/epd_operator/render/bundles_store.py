@@ -7,9 +7,10 @@ scaling the store clients must not roll the master or any vLLM role.
 
 from __future__ import annotations
 
-from epd_connectors.config.bundle import Peers, Role, RoleBundle
+from epd_connectors.config.bundle import Peers, RoleBundle
 from epd_connectors.config.master import MasterConfig, TenantQuota, TenantQuotaPolicy
 from epd_connectors.config.mooncake import MooncakeStoreConfig, Protocol, StoreMode
+from epd_connectors.config.roles import Role
 from epd_connectors.config.store_client import StoreClientConfig
 from epd_operator.api import constants as c
 from epd_operator.api.resource import InvalidSpecError

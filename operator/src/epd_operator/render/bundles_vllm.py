@@ -7,12 +7,12 @@ its hash rolls exactly that role. The vLLM flags come from one spec field each; 
 from __future__ import annotations
 
 import json
-from typing import cast
 
-from epd_connectors.config.bundle import VLLM_ROLES, Peers, Role, RoleBundle, needs_store
+from epd_connectors.config.bundle import Peers, RoleBundle, needs_store
 from epd_connectors.config.master import MasterConfig
 from epd_connectors.config.mooncake import MooncakeStoreConfig
-from epd_connectors.config.vllm import VllmRole, VllmServerConfig
+from epd_connectors.config.roles import VLLM_ROLES, Role
+from epd_connectors.config.vllm import VllmServerConfig
 from epd_operator.api.spec import DecodeSpec, EncoderSpec, PrefillSpec
 from epd_operator.derive import ports
 from epd_operator.render import transfer
@@ -45,7 +45,7 @@ def server_config(ctx: Context, unit: Unit) -> VllmServerConfig:
     model = ctx.spec.model
     section = role_spec(ctx, unit)
     assert unit.role in VLLM_ROLES, unit.role
-    role = cast(VllmRole, unit.role.value)
+    role = unit.role
     extra: list[str] = []
     if model.mm_processor_kwargs:
         kwargs = json.dumps(dict(sorted(model.mm_processor_kwargs.items())), separators=(",", ":"))

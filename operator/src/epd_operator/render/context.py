@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from epd_connectors.config.bundle import POD_IP_PLACEHOLDER, Role
+from epd_connectors.config.bundle import POD_IP_PLACEHOLDER
+from epd_connectors.config.roles import Role
 from epd_operator.api.resource import OperatorDefaults, Owner
 from epd_operator.api.spec import EPDDeploymentSpec
 from epd_operator.derive import identity, parallel

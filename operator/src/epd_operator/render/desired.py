@@ -11,9 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from epd_connectors.config.bundle import Role, RoleBundle
+from epd_connectors.config.bundle import RoleBundle
 from epd_connectors.config.master import MasterConfig
 from epd_connectors.config.mooncake import MooncakeStoreConfig
+from epd_connectors.config.roles import Role
 from epd_operator.api.resource import InvalidSpecError, OperatorDefaults, Owner
 from epd_operator.api.spec import EPDDeploymentSpec
 from epd_operator.derive import ports

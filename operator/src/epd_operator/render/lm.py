@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from epd_connectors.config.bundle import Role
+from epd_connectors.config.roles import Role
 from epd_operator.api import constants as c
 from epd_operator.api.model import ModelSource
 from epd_operator.api.resource import InvalidSpecError

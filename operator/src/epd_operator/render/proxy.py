@@ -21,9 +21,9 @@ from epd_connectors.config.bundle import (
     Peers,
     PrefillEndpoint,
     ProxySettings,
-    Role,
     RoleBundle,
 )
+from epd_connectors.config.roles import Role
 from epd_operator.derive import ports, quantity
 from epd_operator.render import meta, objects
 from epd_operator.render.context import Context, Unit

@@ -6,8 +6,8 @@ prefill pools together, the ports of a pod, or what the operator renders into vL
 
 from __future__ import annotations
 
-from epd_connectors.config.bundle import VLLM_ROLES, Role
 from epd_connectors.config.kv_transfer import p2p_tp_fits
+from epd_connectors.config.roles import VLLM_ROLES, Role
 from epd_connectors.config.vllm import OWNED_FLAGS, owned_flag
 from epd_operator.api.store import StoreSpec
 from epd_operator.derive import names as naming

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from epd_connectors.config.bundle import VLLM_ROLES, Role, RoleBundle
+from epd_connectors.config.bundle import RoleBundle
 from epd_connectors.config.mooncake import StoreMode
+from epd_connectors.config.roles import VLLM_ROLES, Role
 from epd_operator.api import constants as c
 from epd_operator.api.store import MetricsPeerSpec, StoreSpec
 from epd_operator.derive import ports, quantity

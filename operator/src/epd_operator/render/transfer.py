@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-from epd_connectors.config.bundle import Role
 from epd_connectors.config.ec_transfer import (
     ECConfig,
     ECExampleConnectorConfig,
@@ -37,6 +36,7 @@ from epd_connectors.config.kv_transfer import (
     MultiConnectorConfig,
     MultiExtra,
 )
+from epd_connectors.config.roles import Role
 from epd_operator.derive import identity, ports
 from epd_operator.render.context import EC_SUBDIR, KV_SUBDIR, Context, Unit
 

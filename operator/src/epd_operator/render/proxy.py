@@ -39,8 +39,11 @@ def proxy_bundle(ctx: Context, units: list[Unit]) -> RoleBundle:
     p2p_kv = ctx.spec.p2p_kv
     consumer_role = Role.PREFILL if ctx.spec.prefill is not None else Role.PD
 
-    def http(unit: Unit) -> dict[str, Any]:
-        return {"host": ctx.names.host(unit.name), "port": ctx.port(unit.name, ports.HTTP, ports.VLLM_HTTP_PORT)}
+    def host(unit: Unit) -> str:
+        return ctx.names.host(unit.name)
+
+    def http_port(unit: Unit) -> int:
+        return ctx.port(unit.name, ports.HTTP, ports.VLLM_HTTP_PORT)
 
     def ec(unit: Unit) -> ECControl | None:
         # The proxy tells each encoder which consumer pod to push to: pod IP + the control port of its TP rank 0,
@@ -53,7 +56,7 @@ def proxy_bundle(ctx: Context, units: list[Unit]) -> RoleBundle:
     def prefill(unit: Unit) -> PrefillEndpoint:
         # MooncakeConnector: the decode pulls from the prefill pod found through its bootstrap server.
         bootstrap = ctx.port(unit.name, ports.BOOTSTRAP, ports.KV_BOOTSTRAP_PORT) if p2p_kv else None
-        return PrefillEndpoint(**http(unit), ec=ec(unit), bootstrap_port=bootstrap)
+        return PrefillEndpoint(host=host(unit), port=http_port(unit), ec=ec(unit), bootstrap_port=bootstrap)
 
     def of(role: Role) -> list[Unit]:
         return [u for u in units if u.role == role]
@@ -73,10 +76,10 @@ def proxy_bundle(ctx: Context, units: list[Unit]) -> RoleBundle:
         role=Role.PROXY,
         proxy=settings,
         peers=Peers(
-            encoders=[Endpoint(**http(u)) for u in of(Role.ENCODER)],
+            encoders=[Endpoint(host=host(u), port=http_port(u)) for u in of(Role.ENCODER)],
             prefill=[prefill(u) for u in of(Role.PREFILL)],
-            decode=[Endpoint(**http(u)) for u in of(Role.DECODE)],
-            pd=[ConsumerEndpoint(**http(u), ec=ec(u)) for u in of(Role.PD)],
+            decode=[Endpoint(host=host(u), port=http_port(u)) for u in of(Role.DECODE)],
+            pd=[ConsumerEndpoint(host=host(u), port=http_port(u), ec=ec(u)) for u in of(Role.PD)],
         ),
     )
 

@@ -20,7 +20,7 @@ RETRY_REPAIR_S = 5.0
 
 def waiting(state: State, key: ChildKey) -> bool:
     """Whether a repair of `key` waits for its turn (it will apply the render as it is then)."""
-    return key in state._repairs
+    return key in state.pending_repairs
 
 
 async def repair(
@@ -70,12 +70,12 @@ async def repair(
 
 def _repair_later(state: State, tracked: Tracked, key: ChildKey, live: dict[str, Any] | None, delay: float) -> None:
     """Repair `key` after `delay`, once however many events arrive meanwhile."""
-    if key in state._repairs:
+    if key in state.pending_repairs:
         return
 
     async def later() -> None:
         await asyncio.sleep(delay)
-        state._repairs.pop(key, None)  # events from here on may ask for another repair
+        state.pending_repairs.pop(key, None)  # events from here on may ask for another repair
         await repair(state, tracked, key, live, paced=True)
 
-    state._repairs[key] = state.spawn(later())
+    state.pending_repairs[key] = state.spawn(later())

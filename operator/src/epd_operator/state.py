@@ -107,7 +107,7 @@ class State:
         """(kind, namespace, name) -> the workload as last seen."""
         self.applied = apply.Applied()
         self.pacer = pacing.Pacer()
-        self._repairs: dict[ChildKey, asyncio.Task[None]] = {}
+        self.pending_repairs: dict[ChildKey, asyncio.Task[None]] = {}
         """Repairs waiting for their turn (`pacer`), one per child at most (module `repairs`)."""
 
     def track(self, body: Mapping[str, Any]) -> Tracked:

@@ -325,7 +325,7 @@ def test_a_terminating_namespace_gets_no_repair_and_no_event() -> None:
 
     asyncio.run(scenario())
     assert events == []
-    assert rt.deployments == {} and rt._repairs == {}
+    assert rt.deployments == {} and rt.pending_repairs == {}
 
 
 class RacingApi(Api):

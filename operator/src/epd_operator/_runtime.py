@@ -39,7 +39,7 @@ class Runtime(State):
                 self._retry_later(blocked)
         if kind in apply.WORKLOAD_KINDS:
             if not deleted:
-                self._remember(key, obj, watched=True)
+                self.remember(key, obj, watched=True)
             elif self.workloads.get(key, {}).get("metadata", {}).get("uid") == meta.get("uid"):
                 del self.workloads[key]
         tracked = self.owner_of(meta)

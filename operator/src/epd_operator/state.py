@@ -134,13 +134,15 @@ class State:
                 return tracked if tracked is not None and tracked.owner.uid == ref.get("uid") else None
         return self.deployments.get((namespace, (meta.get("labels") or {}).get(c.LABEL_DEPLOYMENT, "")))
 
-    def _remember(self, key: ChildKey, body: Mapping[str, Any], *, watched: bool) -> None:
-        """Keep the newest state of a workload, whichever path it came by.
+    def remember(self, key: ChildKey, body: Mapping[str, Any], *, watched: bool) -> None:
+        """Keep the newest state of child `key` if it is a workload (status reads no other kind).
 
         The watch and our own apply answers race, either may arrive late. The generation orders them (it only
         grows for one uid): a watch event wins ties, since it carries the latest status; an apply or list answer
         counts only when it shows a generation not seen yet.
         """
+        if key[0] not in apply.WORKLOAD_KINDS:
+            return
         old = self.workloads.get(key)
         new_meta = body.get("metadata", {})
         if old is not None and old["metadata"].get("uid") == new_meta.get("uid"):
@@ -148,11 +150,6 @@ class State:
             if after < before or (after == before and not watched):
                 return
         self.workloads[key] = _trim(body)
-
-    def remember(self, key: ChildKey, body: Mapping[str, Any], *, watched: bool) -> None:
-        """Keep the state of child `key` if it is a workload (status reads no other kind)."""
-        if key[0] in apply.WORKLOAD_KINDS:
-            self._remember(key, body, watched=watched)
 
     def forget(self, namespace: str, name: str) -> None:
         """The EPDDeployment is gone (its children follow through garbage collection)."""

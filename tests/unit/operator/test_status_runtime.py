@@ -132,16 +132,16 @@ def test_an_older_state_never_replaces_a_newer_one() -> None:
     asyncio.run(rt.reconcile(body()))
     key = ("Deployment", "ns", "demo-encoder")
     watched = workload(api, "demo-encoder", ready=1, generation=2)
-    rt._remember(key, watched, watched=True)
-    rt._remember(key, workload(api, "demo-encoder", generation=2), watched=False)  # a late apply answer
+    rt.remember(key, watched, watched=True)
+    rt.remember(key, workload(api, "demo-encoder", generation=2), watched=False)  # a late apply answer
     assert rt.workloads[key]["status"]["readyReplicas"] == 1
-    rt._remember(key, workload(api, "demo-encoder", ready=0, generation=1), watched=True)  # a lagging watch
+    rt.remember(key, workload(api, "demo-encoder", ready=0, generation=1), watched=True)  # a lagging watch
     assert rt.workloads[key]["metadata"]["generation"] == 2
-    rt._remember(key, workload(api, "demo-encoder", generation=3), watched=False)  # our apply bumped it
+    rt.remember(key, workload(api, "demo-encoder", generation=3), watched=False)  # our apply bumped it
     assert rt.workloads[key]["metadata"]["generation"] == 3
     recreated = workload(api, "demo-encoder", ready=0, generation=1)
     recreated["metadata"]["uid"] = "another"
-    rt._remember(key, recreated, watched=True)
+    rt.remember(key, recreated, watched=True)
     assert rt.workloads[key]["metadata"]["uid"] == "another"
 
 

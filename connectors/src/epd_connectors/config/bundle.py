@@ -103,11 +103,15 @@ class Peers(ConfigModel):
         """The endpoints that receive encoder output: the prefill endpoints of a split, else the pd ones."""
         return self.prefill if self.prefill else self.pd
 
+    def ec_per_consumer(self) -> list[list[str]]:
+        """Each consumer's EC control addresses (one per DP replica) at its own host, from its `ec`."""
+        return [e.ec.addresses(e.host) for e in self.consumers if e.ec is not None]
+
     def ec_addresses(self) -> list[str]:
         """Every consumer replica's EC control address at the endpoints' own hosts, in consumer order."""
         if self.ec_consumers:
             return list(self.ec_consumers)
-        return [a for e in self.consumers if e.ec is not None for a in e.ec.addresses(e.host)]
+        return [a for addresses in self.ec_per_consumer() for a in addresses]
 
 
 PROXY_READINESS_PATH: Final = "/health"
@@ -247,14 +251,16 @@ def _role_section_problems(bundle: RoleBundle) -> list[str]:
 def _store_client_problems(bundle: RoleBundle) -> list[str]:
     if bundle.store_client is None or bundle.peers.master_health_url:
         return []
-    return [
-        problem(
-            "peers.master_health_url",
-            None,
-            "a store client must wait for the master (setup() blocks ~90 s without one)",
-            "give the master's http://HOST:METRICS_PORT/health",
-        )
-    ]
+    return [_no_master_health_url("a store client")]
+
+
+def _no_master_health_url(who: str) -> str:
+    return problem(
+        "peers.master_health_url",
+        None,
+        f"{who} must wait for the master (setup() blocks ~90 s without one)",
+        "give the master's http://HOST:METRICS_PORT/health",
+    )
 
 
 def needs_store(ec: ECTransferConfig | None, kv: KVTransferConfig | None) -> bool:
@@ -270,14 +276,9 @@ def _vllm_problems(bundle: RoleBundle) -> list[str]:
     if server is None:
         return []
     found: list[str] = []
-    if server.role != bundle.role.value:
+    if server.role != bundle.role:
         found.append(
-            problem(
-                "vllm.role",
-                server.role,
-                f"differs from the bundle's role {bundle.role.value}",
-                "make them equal",
-            )
+            problem("vllm.role", server.role, f"differs from the bundle's role {bundle.role}", "make them equal")
         )
     mooncake = bundle.mooncake
     store_offload = mooncake.enable_offload if mooncake is not None else None
@@ -294,14 +295,7 @@ def _vllm_problems(bundle: RoleBundle) -> list[str]:
             )
         )
     if not bundle.peers.master_health_url:
-        found.append(
-            problem(
-                "peers.master_health_url",
-                None,
-                "a store user must wait for the master (setup() blocks ~90 s without one)",
-                "give the master's http://HOST:METRICS_PORT/health",
-            )
-        )
+        found.append(_no_master_health_url("a store user"))
     standalone = mooncake.mode is StoreMode.STANDALONE_STORE
     if bundle.role == Role.ENCODER and standalone and not bundle.peers.master_metrics_url:
         found.append(

@@ -81,7 +81,7 @@ def from_peers(peers: Peers) -> StaticRoster:
         decode=urls(peers.decode),
         pd=urls(peers.pd),
         ec_consumers=list(peers.ec_consumers),
-        ec_per_consumer=[e.ec.addresses(e.host) for e in peers.consumers if e.ec is not None],
+        ec_per_consumer=peers.ec_per_consumer(),
         bootstrap_ports=[p for p in bootstrap if p is not None] if all(bootstrap) else [],
     )
 

@@ -117,13 +117,14 @@ def build(
             if bundle is None:
                 raise ValueError("--discover needs --bundle (the Services come from its peers)")
             discovery = _discovery(bundle.namespace, watches_from_peers(bundle.peers))
+        listed_ec = given.items("ec_consumer", str)  # addresses given by hand replace the bundle's
         static = StaticRoster(
             encoders=given.items("encoder", str, static.encoders),
             prefill=given.items("prefill", str, static.prefill),
             decode=given.items("decode", str, static.decode),
             pd=given.items("pd", str, static.pd),
-            ec_consumers=given.items("ec_consumer", str, static.ec_consumers),
-            ec_per_consumer=() if given.items("ec_consumer", str) else static.ec_per_consumer,
+            ec_consumers=listed_ec or static.ec_consumers,
+            ec_per_consumer=() if listed_ec else static.ec_per_consumer,
             bootstrap_ports=given.items("prefill_bootstrap_port", int, static.bootstrap_ports),
         )
         specs = static.specs()

@@ -46,7 +46,7 @@ def test_the_operator_image_starts_its_command() -> None:
     ("folder", "packages"),
     [
         ("operator", ("kopf", "kubernetes", "pydantic", "epd-operator", "epd-connectors")),
-        ("proxy", ("uvicorn", "orjson", "prometheus-client", "epd-connectors")),
+        ("proxy", ("httptools", "uvloop", "orjson", "prometheus-client", "epd-connectors")),
         ("mooncake", ("mooncake-transfer-engine-non-cuda", "epd-connectors")),
     ],
 )

@@ -1,4 +1,4 @@
-"""Proxy HTTP tests: the proxy app served by uvicorn in the test's event loop, against stand-in backends."""
+"""Proxy HTTP tests: the proxy app served by its own server in the test's event loop, against stand-in backends."""
 
 from __future__ import annotations
 

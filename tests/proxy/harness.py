@@ -1,4 +1,4 @@
-"""Run the proxy app in the test's event loop, served by uvicorn on a loopback port, with stand-in backends.
+"""Run the proxy app in the test's event loop, served by its own server on a loopback port, with stand-in backends.
 
 The tests call `run(coro)`: each test is one asyncio program that starts what it needs and stops it on exit.
 """
@@ -6,17 +6,16 @@ The tests call `run(coro)`: each test is one asyncio program that starts what it
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
-import uvicorn
 
 from epd_connectors.config.roles import Role
 from epd_connectors.proxy.app import ProxyApp
 from epd_connectors.proxy.roster import InstanceSpec, Roster
+from epd_connectors.proxy.server import Server
 from epd_connectors.proxy.settings import Limits, ProxyOptions, Timeouts
 
 FAST = ProxyOptions(
@@ -46,21 +45,14 @@ async def post_json(session: aiohttp.ClientSession, url: str, body: Any) -> tupl
 
 @asynccontextmanager
 async def serving(app: ProxyApp) -> AsyncIterator[str]:
-    """Serve the app on a free loopback port; its base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    """Serve the app on a free loopback port, as `epd-proxy` does; its base URL."""
+    sock = Server.listen("127.0.0.1", 0)
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, lifespan="on", access_log=False, log_level="error", timeout_graceful_shutdown=1)
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
+    await app.startup()
+    server = Server(app, error_body=app.error_body, max_body_bytes=app.options.limits.max_body_bytes)
+    server.start(sock)
     try:
-        while not server.started:
-            if task.done():
-                task.result()
-                raise RuntimeError("uvicorn stopped before it started")
-            await asyncio.sleep(0.01)
         yield f"http://127.0.0.1:{port}"
     finally:
-        server.should_exit = True
-        await task
-        sock.close()
+        await server.stop(1.0)
+        await app.shutdown()

@@ -1,11 +1,11 @@
-"""The proxy as a plain ASGI application with a lifespan: routes, client I/O, disconnects and error answers.
+"""The proxy's application: routes, client I/O, disconnects and error answers, served by `server.Server`.
 
 POST /v1/chat/completions and /v1/completions run the request `flow`; GET /v1/models is answered by a
 generating instance; GET /health is 200 only when every required role has a healthy instance (readiness); GET
 /livez is 200 while the proxy serves at all (liveness: backends still loading must not get it restarted); GET
-/metrics is Prometheus text. A client that disconnects cancels the work for it, which closes the backend
-connections, and vLLM aborts what it was doing. Everything the client sees on failure is an OpenAI-style error
-object; a stream that fails after its first byte ends with an error event.
+/metrics is Prometheus text. A client that disconnects has its handler cancelled by the server, which closes
+the backend connections, and vLLM aborts what it was doing. Everything the client sees on failure is an
+OpenAI-style error object; a stream that fails after its first byte ends with an error event.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from epd_connectors.config.bundle import PROXY_LIVENESS_PATH, PROXY_READINESS_PATH
@@ -34,18 +34,16 @@ from epd_connectors.proxy.health import Prober
 from epd_connectors.proxy.media import check_body
 from epd_connectors.proxy.metrics import CONTENT_TYPE, ProxyMetrics
 from epd_connectors.proxy.roster import Roster
+from epd_connectors.proxy.server import Reply, Request
 from epd_connectors.proxy.settings import ProxyOptions
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 Discovery = Callable[[Roster, Callable[[], None]], Coroutine[Any, Any, None]]
 """A coroutine that keeps the roster current (it runs until cancelled) and calls its second argument on change."""
 
 COMPLETION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 JSON = b"application/json"
 SSE = b"text/event-stream"
+SSE_HEADERS = ((b"cache-control", b"no-cache"),)
 log = logging.getLogger(__name__)
 _ID_PREFIX = f"epd-{os.urandom(6).hex()}"
 """Request ids are this process's random prefix plus a counter: unique across proxies, and cheaper than uuid4."""
@@ -53,7 +51,8 @@ _ID_COUNTER = itertools.count()
 
 
 class ProxyApp:
-    """The ASGI app. `probe=False` trusts the roster's health as given (tests of routing alone)."""
+    """The handler the server calls per request. `probe=False` trusts the roster's health as given (tests of
+    routing alone)."""
 
     def __init__(
         self, roster: Roster, options: ProxyOptions, *, discovery: Discovery | None = None, probe: bool = True
@@ -68,31 +67,32 @@ class ProxyApp:
         self._discovery_task: asyncio.Task[None] | None = None
         self._probe = probe
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
-            return
-        if scope["type"] != "http":
-            return
-        path, method = scope["path"], scope["method"]
+    async def __call__(self, request: Request, reply: Reply) -> None:
+        path, method = request.path, request.method
         if path in COMPLETION_PATHS:
             if method != "POST":
-                await _send_json(send, 405, {"error": {"message": f"{path} takes POST", "code": 405}})
+                await _send_json(reply, 405, {"error": {"message": f"{path} takes POST", "code": 405}})
                 return
-            await self._completion(scope, receive, send)
+            await self._completion(request, reply)
         elif path == PROXY_READINESS_PATH and method in ("GET", "HEAD"):
             roles = self.roster.healthy_roles()
             ok = all(roles.values())
             payload = {"status": "healthy" if ok else "unhealthy", "roles": {r.value: v for r, v in roles.items()}}
-            await _send_json(send, 200 if ok else 503, payload)
+            await _send_json(reply, 200 if ok else 503, payload)
         elif path == PROXY_LIVENESS_PATH and method in ("GET", "HEAD"):
-            await _send_json(send, 200, {"status": "serving"})
+            await _send_json(reply, 200, {"status": "serving"})
         elif path == "/metrics" and method == "GET":
-            await _send(send, 200, CONTENT_TYPE.encode(), self.metrics.render(self.roster))
+            await reply.send(200, CONTENT_TYPE.encode(), self.metrics.render(self.roster))
         elif path == "/v1/models" and method == "GET":
-            await self._models(send)
+            await self._models(reply)
         else:
-            await _send_json(send, 404, {"error": {"message": f"no route {method} {path}", "code": 404}})
+            await _send_json(reply, 404, {"error": {"message": f"no route {method} {path}", "code": 404}})
+
+    @staticmethod
+    def error_body(status: int, message: str) -> bytes:
+        """The OpenAI-style error the server answers itself with (malformed HTTP, a body too large)."""
+        kind = "invalid_request_error" if status < 500 else "internal_error"
+        return dumps({"error": {"message": message, "type": kind, "code": status}})
 
     async def startup(self) -> None:
         await self.backend.start()
@@ -110,73 +110,47 @@ class ProxyApp:
         await self.prober.stop()
         await self.backend.close()
 
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                try:
-                    await self.startup()
-                except Exception as exc:
-                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
-                    return
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await self.shutdown()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
-
-    async def _completion(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _completion(self, client: Request, reply: Reply) -> None:
         started = time.perf_counter()
-        endpoint = scope["path"]
-        try:
-            raw = await _read_body(receive, self.options.limits.max_body_bytes)
-        except _DisconnectedError:
-            return
-        except ProxyError as error:
-            await self._fail(send, endpoint, error)
-            return
+        endpoint = client.path
+        raw = client.body
         try:
             body = check_body(loads(raw) if raw else None, chat=endpoint.endswith("/chat/completions"))
         except ValueError:
-            await self._fail(send, endpoint, BadRequestError("the request body is not valid JSON"))
+            await self._fail(reply, endpoint, BadRequestError("the request body is not valid JSON"))
             return
         except ProxyError as error:
-            await self._fail(send, endpoint, error)
+            await self._fail(reply, endpoint, error)
             return
-        request = ClientRequest(endpoint, body, _request_id(scope))
+        request = ClientRequest(endpoint, body, _request_id(client), raw)
         self.metrics.in_flight.inc()
-        task = asyncio.current_task()
-        assert task is not None
-        exchange = _Exchange(send)
-        watch = asyncio.create_task(_cancel_on_disconnect(receive, task, exchange))
         try:
-            await self._serve(request, exchange.send)
+            await self._serve(request, reply)
         except asyncio.CancelledError:
-            if not exchange.gone:
+            if not reply.gone:
                 raise
             # The client went away: cancelling closed every backend request made for it.
-            task.uncancel()
             self.metrics.count_request(endpoint, "499")
+            raise
         finally:
-            watch.cancel()
             self.metrics.in_flight.dec()
             self.metrics.observe_stage("total", time.perf_counter() - started)
 
-    async def _serve(self, request: ClientRequest, send: Send) -> None:
+    async def _serve(self, request: ClientRequest, reply: Reply) -> None:
         answer: Answer | None = None
-        started = False
         try:
             async with asyncio.timeout(self.options.timeouts.total):
                 answer = await self.flow.run(request)
                 content_type = answer.content_type.encode()
-                await _start(send, answer.status, content_type)
-                started = True
-                more = answer.chunks is not None
-                await send({"type": "http.response.body", "body": answer.first, "more_body": more})
-                if answer.chunks is not None:
+                if answer.chunks is None:
+                    await reply.send(answer.status, content_type, answer.first)
+                else:
+                    extra = SSE_HEADERS if content_type.startswith(SSE) else ()
+                    await reply.start(answer.status, content_type, extra)
+                    await reply.write(answer.first)
                     async for chunk in answer.chunks:
-                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                        await reply.write(chunk)
+                    await reply.end()
             self.metrics.count_request(request.path, str(answer.status))
         except asyncio.CancelledError:
             raise
@@ -189,8 +163,8 @@ class ProxyApp:
             if isinstance(exc, TimeoutError):
                 error = ProxyError(f"the request took longer than {self.options.timeouts.total} s")
                 error.status, error.kind = 504, "timeout"
-            if not started:
-                await self._fail(send, request.path, error)
+            if not reply.started:
+                await self._fail(reply, request.path, error)
                 return
             # Mid-stream: the status is sent; end the stream with an error event the client can read.
             self.metrics.count_request(request.path, "mid_stream_error")
@@ -200,21 +174,21 @@ class ProxyApp:
                 ).inc()
             event = b"data: " + dumps(error.body()) + b"\n\ndata: [DONE]\n\n"
             with contextlib.suppress(Exception):
-                await send({"type": "http.response.body", "body": event, "more_body": False})
+                await reply.end(event)
         finally:
             if answer is not None:
                 await answer.close()
 
-    async def _fail(self, send: Send, endpoint: str, error: ProxyError) -> None:
+    async def _fail(self, reply: Reply, endpoint: str, error: ProxyError) -> None:
         self.metrics.count_request(endpoint, str(error.status))
         if isinstance(error, BackendRejectedError):
-            await _send(send, error.status, JSON, error.payload)
+            await reply.send(error.status, JSON, error.payload)
         else:
             if error.status >= 500:
                 log.warning("%s -> %d: %s", endpoint, error.status, error.message)
-            await _send_json(send, error.status, error.body())
+            await _send_json(reply, error.status, error.body())
 
-    async def _models(self, send: Send) -> None:
+    async def _models(self, reply: Reply) -> None:
         role = self.roster.generator_role
         url = routing.least_outstanding(self.roster.candidates(role))
         try:
@@ -222,74 +196,15 @@ class ProxyApp:
                 raise NoInstanceError(f"no healthy {role.value} instance")
             status, data = await self.backend.get(url + "/v1/models", role=role.value)
         except ProxyError as error:
-            await self._fail(send, "/v1/models", error)
+            await self._fail(reply, "/v1/models", error)
             return
-        await _send(send, status, JSON, data)
+        await reply.send(status, JSON, data)
 
 
-class _DisconnectedError(Exception):
-    """The client left before its request body arrived."""
+def _request_id(request: Request) -> str:
+    given = request.header(b"x-request-id")
+    return given.decode("latin-1") if given is not None else f"{_ID_PREFIX}-{next(_ID_COUNTER)}"
 
 
-async def _read_body(receive: Receive, limit: int) -> bytes:
-    parts: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise _DisconnectedError
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise BadRequestError(f"the request body is larger than {limit} bytes")
-        parts.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(parts)
-
-
-class _Exchange:
-    """One request's response side: knows whether the response is complete, because uvicorn's receive() then
-    answers http.disconnect too, which must not be taken for a client that went away."""
-
-    def __init__(self, send: Send) -> None:
-        self._send = send
-        self.complete = False
-        self.gone = False
-
-    async def send(self, message: Message) -> None:
-        if message["type"] == "http.response.body" and not message.get("more_body", False):
-            self.complete = True
-        await self._send(message)
-
-
-async def _cancel_on_disconnect(receive: Receive, task: asyncio.Task[Any], exchange: _Exchange) -> None:
-    """Cancel the request's task when its client disconnects before the response is complete."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    if not exchange.complete:
-        exchange.gone = True
-        task.cancel()
-
-
-def _request_id(scope: Scope) -> str:
-    for name, value in scope.get("headers", ()):
-        if name == b"x-request-id":
-            return str(value.decode("latin-1"))
-    return f"{_ID_PREFIX}-{next(_ID_COUNTER)}"
-
-
-async def _start(send: Send, status: int, content_type: bytes) -> None:
-    headers = [(b"content-type", content_type)]
-    if content_type.startswith(SSE):
-        headers.append((b"cache-control", b"no-cache"))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-
-
-async def _send(send: Send, status: int, content_type: bytes, body: bytes) -> None:
-    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _send_json(send: Send, status: int, payload: Any) -> None:
-    await _send(send, status, JSON, dumps(payload))
+async def _send_json(reply: Reply, status: int, payload: Any) -> None:
+    await reply.send(status, JSON, dumps(payload))

@@ -64,15 +64,17 @@ class Backend:
         return self._pool
 
     async def open(
-        self, url: str, body: Mapping[str, Any], *, role: str, headers: Mapping[str, str] | None = None
+        self, url: str, body: Mapping[str, Any] | bytes, *, role: str, headers: Mapping[str, str] | None = None
     ) -> Response:
-        """POST JSON and return the response once its headers arrived with a 2xx status; the caller releases it.
+        """POST JSON (an object, or bytes already serialized) and return the response once its headers arrived
+        with a 2xx status; the caller releases it.
 
         5xx -> BackendUnavailableError, 4xx -> BackendRejectedError (with the backend's body), transport errors
         mapped.
         """
         try:
-            response = await self.pool.request("POST", url, dumps(body), {**JSON_HEADERS, **(headers or {})})
+            payload = body if isinstance(body, bytes) else dumps(body)
+            response = await self.pool.request("POST", url, payload, {**JSON_HEADERS, **(headers or {})})
         except Exception as exc:
             raise from_client_error(exc, role, url) from exc
         if response.status < 400:

@@ -1,7 +1,7 @@
 """The proxy's own error types, and the one place where HTTP-client errors become them.
 
 Every failure the client can see is a `ProxyError` with an HTTP status and an OpenAI-style error body, so the
-ASGI layer has one way to answer, and the flow decides retries on `retryable` instead of on exception classes
+app has one way to answer, and the flow decides retries on `retryable` instead of on exception classes
 of the HTTP stack.
 """
 

@@ -48,6 +48,8 @@ class ClientRequest:
     """/v1/chat/completions or /v1/completions."""
     body: dict[str, Any]
     request_id: str
+    raw: bytes = b""
+    """The body as the client sent it: forwarded as is while the request goes on unchanged (no parse, no copy)."""
 
     @property
     def stream(self) -> bool:
@@ -134,7 +136,8 @@ class Flow:
             self.metrics.media_items.labels("rewritten").inc(rewritten)
             self.metrics.media_items.labels("kept").inc(len(items) - rewritten)
         if not self.roster.split:
-            return await self._generate(request, consumer, body, headers)
+            forwarded = request.raw if body is request.body and request.raw else body
+            return await self._generate(request, consumer, forwarded, headers)
         kv_params = await self._prefill(request, consumer, body, headers)
         decode_body = with_uuids(request.body, items)
         if kv_params is not None:
@@ -189,7 +192,7 @@ class Flow:
         return engine_id
 
     async def _generate(
-        self, request: ClientRequest, instance: Instance, body: Mapping[str, Any], headers: Mapping[str, str]
+        self, request: ClientRequest, instance: Instance, body: Mapping[str, Any] | bytes, headers: Mapping[str, str]
     ) -> Answer:
         """Send to the decode/PD instance and wait for the first byte (streams) or the whole answer."""
         stack = AsyncExitStack()

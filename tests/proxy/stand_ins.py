@@ -36,12 +36,16 @@ class StandIn:
     """Streams: drop the connection after this many chunks."""
     delay_s: float = 0.0
     """Wait this long before answering (a slow or stalled instance)."""
+    chunk_delay_s: float = 0.0
+    """Streams: wait this long before each chunk after the first (a model generating slowly)."""
     no_metadata: set[str] = field(default_factory=set)
     """Encoder: report nothing for these uuids."""
     requests: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     disconnected: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the proxy closed the connection while this instance was still answering."""
+    disconnected_at: float = 0.0
+    """The event loop's time when it noticed (polled every 10 ms)."""
     url: str = ""
     _runner: web.AppRunner | None = None
 
@@ -91,6 +95,7 @@ class StandIn:
         deadline = loop.time() + seconds
         while loop.time() < deadline:
             if request.transport is None or request.transport.is_closing():
+                self.disconnected_at = loop.time()
                 self.disconnected.set()
                 return True
             await asyncio.sleep(0.01)
@@ -109,6 +114,8 @@ class StandIn:
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await response.prepare(request)
         for i in range(self.chunks):
+            if i and self.chunk_delay_s and await self._closed_within(request, self.chunk_delay_s):
+                return response
             if self.cut_after is not None and i >= self.cut_after:
                 assert request.transport is not None
                 request.transport.close()

@@ -26,11 +26,11 @@ def test_affinity_ratio_and_roster_gauges() -> None:
 
 def test_every_family_is_exported() -> None:
     metrics = ProxyMetrics()
-    metrics.stage_seconds.labels("encode").observe(0.1)
-    metrics.backend_requests.labels("encoder", "http://e").inc()
+    metrics.observe_stage("encode", 0.1)
+    metrics.count_backend("encoder", "http://e")
     metrics.backend_errors.labels("encoder", "http://e", "bad_gateway").inc()
     metrics.retries.labels("encoder", "http://e").inc()
-    metrics.requests.labels("/v1/chat/completions", "200").inc()
+    metrics.count_request("/v1/chat/completions", "200")
     text = metrics.render(Roster.build({})).decode()
     for name in (
         'epd_proxy_stage_seconds_bucket{le="0.25",stage="encode"} 1.0',
@@ -41,3 +41,22 @@ def test_every_family_is_exported() -> None:
         "epd_proxy_requests_in_flight 0.0",
     ):
         assert name in text
+
+
+def test_stage_buckets_are_cumulative_with_their_sum_and_count() -> None:
+    """Bounds are inclusive, as Prometheus's le says; +Inf and _count hold every observation."""
+    metrics = ProxyMetrics()
+    for seconds in (0.005, 0.006, 0.3, 400.0):
+        metrics.observe_stage("total", seconds)
+    text = metrics.render(Roster.build({})).decode()
+    for line in (
+        'epd_proxy_stage_seconds_bucket{le="0.005",stage="total"} 1.0',
+        'epd_proxy_stage_seconds_bucket{le="0.01",stage="total"} 2.0',
+        'epd_proxy_stage_seconds_bucket{le="0.25",stage="total"} 2.0',
+        'epd_proxy_stage_seconds_bucket{le="0.5",stage="total"} 3.0',
+        'epd_proxy_stage_seconds_bucket{le="300.0",stage="total"} 3.0',
+        'epd_proxy_stage_seconds_bucket{le="+Inf",stage="total"} 4.0',
+        'epd_proxy_stage_seconds_count{stage="total"} 4.0',
+        'epd_proxy_stage_seconds_sum{stage="total"} 400.311',
+    ):
+        assert line in text, line

@@ -8,7 +8,7 @@ import pytest
 from epd_connectors.config.bundle import ConsumerEndpoint, ECControl, Endpoint, Peers
 from epd_connectors.config.roles import Role
 from epd_connectors.proxy.health import apply_probe
-from epd_connectors.proxy.roster import InstanceSpec, Roster, outstanding
+from epd_connectors.proxy.roster import InstanceSpec, Outstanding, Roster
 from epd_connectors.proxy.settings import Limits
 from epd_connectors.proxy.static import StaticRoster, from_peers, watches_from_peers
 
@@ -45,7 +45,7 @@ def test_ready_only_when_every_role_has_a_healthy_instance() -> None:
 def test_outstanding_counts_while_a_request_runs() -> None:
     roster = Roster.build({Role.PD: [InstanceSpec("http://p")]})
     instance = roster.instances()[0]
-    with outstanding(instance):
+    with Outstanding(instance):
         assert roster.candidates(Role.PD)[0].outstanding == 1
     assert instance.outstanding == 0
 

@@ -30,7 +30,7 @@ from epd_connectors.proxy.errors import (
 from epd_connectors.proxy.media import MediaItem, fetched_url
 from epd_connectors.proxy.metrics import ProxyMetrics
 from epd_connectors.proxy.rewrite import Encoded, EncoderBatch, batches, encoder_body, parse_encoder_answer
-from epd_connectors.proxy.roster import Instance, Roster, outstanding
+from epd_connectors.proxy.roster import Instance, Outstanding, Roster
 from epd_connectors.proxy.settings import ProxyOptions
 
 ROLE = Role.ENCODER
@@ -135,7 +135,7 @@ class EncodeStage:
         body = encoder_body(request, batch, consumer_zmq)
         headers = {"x-request-id": f"{request_id}-enc-{batch.transfer_ids[0][:8]}"}
         self._metrics.count_backend(ROLE.value, instance.url)
-        with outstanding(instance):
+        with Outstanding(instance):
             try:
                 async with asyncio.timeout(self._options.timeouts.encode):
                     answer = await self._backend.post_json(

@@ -12,8 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from epd_connectors.config.bundle import KVProtocol
@@ -28,10 +27,11 @@ from epd_connectors.proxy.errors import (
     StageTimeoutError,
     from_client_error,
 )
+from epd_connectors.proxy.http1 import Response
 from epd_connectors.proxy.media import MediaItem, find_media
 from epd_connectors.proxy.metrics import ProxyMetrics
 from epd_connectors.proxy.rewrite import consumer_body, new_transfer_id, with_uuids
-from epd_connectors.proxy.roster import Instance, Roster, outstanding
+from epd_connectors.proxy.roster import Instance, Outstanding, Roster
 from epd_connectors.proxy.settings import ProxyOptions
 
 _T = TypeVar("_T")
@@ -66,10 +66,12 @@ class Answer:
     first: bytes
     chunks: AsyncIterator[bytes] | None = None
     instance: str = ""
-    _stack: AsyncExitStack = field(default_factory=AsyncExitStack)
+    _release: Callable[[], None] | None = None
 
     async def close(self) -> None:
-        await self._stack.aclose()
+        if self._release is not None:
+            self._release()
+            self._release = None
 
 
 class Flow:
@@ -127,7 +129,7 @@ class Flow:
         if items:
             # Counted against the consumer while its media are encoded, so concurrent requests spread over
             # consumers from the start instead of all choosing the one that looked idle.
-            with outstanding(consumer):
+            with Outstanding(consumer):
                 encoded, transfer_ids = await _as_role(
                     Role.ENCODER, self.encode.run(body, items, zmq, request.request_id)
                 )
@@ -159,7 +161,7 @@ class Flow:
         engine_id = await self._engine_id(prefill) if protocol is KVProtocol.MOONCAKE else None
         started = time.perf_counter()
         self.metrics.count_backend(prefill.role.value, prefill.url)
-        with outstanding(prefill):
+        with Outstanding(prefill):
             try:
                 async with asyncio.timeout(self.options.timeouts.prefill):
                     answer = await self.backend.post_json(
@@ -195,8 +197,14 @@ class Flow:
         self, request: ClientRequest, instance: Instance, body: Mapping[str, Any] | bytes, headers: Mapping[str, str]
     ) -> Answer:
         """Send to the decode/PD instance and wait for the first byte (streams) or the whole answer."""
-        stack = AsyncExitStack()
-        stack.enter_context(outstanding(instance))
+        instance.outstanding += 1
+        response: Response | None = None
+
+        def release() -> None:
+            instance.outstanding -= 1
+            if response is not None:
+                response.release()
+
         self.metrics.count_backend(instance.role.value, instance.url)
         started = time.perf_counter()
         limit = self.options.timeouts.first_token
@@ -205,28 +213,22 @@ class Flow:
                 response = await self.backend.open(
                     instance.url + request.path, body, role=instance.role.value, headers=headers
                 )
-                stack.callback(response.release)
                 content_type = response.headers.get("content-type", "application/json")
                 if request.stream:
                     body_chunks = response.chunks().__aiter__()
                     first = await _first_chunk(body_chunks, response.url)
                 else:
                     first = await response.read()
-        except TimeoutError as exc:
-            await stack.aclose()
-            raise StageTimeoutError(f"{instance.role.value} {instance.url} sent nothing for {limit} s") from exc
-        except ProxyError:
-            await stack.aclose()
-            raise
-        except Exception as exc:
-            await stack.aclose()
-            raise from_client_error(exc, instance.role.value, instance.url) from exc
-        except BaseException:
-            await stack.aclose()
+        except BaseException as exc:
+            release()
+            if isinstance(exc, TimeoutError):
+                raise StageTimeoutError(f"{instance.role.value} {instance.url} sent nothing for {limit} s") from exc
+            if isinstance(exc, Exception) and not isinstance(exc, ProxyError):
+                raise from_client_error(exc, instance.role.value, instance.url) from exc
             raise
         self.metrics.observe_stage("first_token", time.perf_counter() - started)
         chunks = _rest(body_chunks, response.url, limit) if request.stream else None
-        return Answer(response.status, content_type, first, chunks, instance.url, stack)
+        return Answer(response.status, content_type, first, chunks, instance.url, release)
 
 
 async def _first_chunk(chunks: AsyncIterator[bytes], url: str) -> bytes:
@@ -239,16 +241,65 @@ async def _first_chunk(chunks: AsyncIterator[bytes], url: str) -> bytes:
 
 async def _rest(chunks: AsyncIterator[bytes], url: str, idle_limit: float) -> AsyncIterator[bytes]:
     """The remaining chunks; a gap longer than `idle_limit` ends the stream with StageTimeoutError."""
-    while True:
-        try:
-            async with asyncio.timeout(idle_limit):
+    guard = _StallGuard(idle_limit)
+    try:
+        while True:
+            guard.waiting = True
+            try:
                 chunk = await anext(chunks)
-        except StopAsyncIteration:
+            except StopAsyncIteration:
+                return
+            except asyncio.CancelledError as exc:
+                if guard.fired():
+                    raise StageTimeoutError(f"{url} stalled for {idle_limit} s mid-stream") from exc
+                raise
+            guard.touch()
+            if chunk:
+                yield chunk
+    finally:
+        guard.cancel()
+
+
+class _StallGuard:
+    """Cancels the current task when it waited for the next chunk `limit` seconds since the last `touch` (time
+    spent sending to a slow client does not count). Its one timer is re-armed only when it fires early, so a
+    chunk costs a clock read, not a timer (streams send one chunk per token)."""
+
+    def __init__(self, limit: float) -> None:
+        self._limit = limit
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        self._last = self._loop.time()
+        self._fired = False
+        self.waiting = False
+        self._timer: asyncio.TimerHandle | None = self._loop.call_at(self._last + limit, self._check)
+
+    def touch(self) -> None:
+        self._last = self._loop.time()
+        self.waiting = False
+
+    def _check(self) -> None:
+        if not self.waiting:
+            self._last = self._loop.time()
+        due = self._last + self._limit
+        if self._loop.time() < due:
+            self._timer = self._loop.call_at(due, self._check)
             return
-        except TimeoutError as exc:
-            raise StageTimeoutError(f"{url} stalled for {idle_limit} s mid-stream") from exc
-        if chunk:
-            yield chunk
+        self._timer = None
+        self._fired = True
+        if self._task is not None:
+            self._task.cancel()
+
+    def fired(self) -> bool:
+        """Whether the cancellation was the guard's; then it is taken back, so the caller raises instead."""
+        if self._fired and self._task is not None:
+            self._task.uncancel()
+        return self._fired
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 async def _as_role(role: Role, work: Awaitable[_T]) -> _T:

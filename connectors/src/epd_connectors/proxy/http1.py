@@ -79,7 +79,7 @@ class _Connection(asyncio.Protocol):
 class Response:
     """An answer arriving on a connection; `release` (after reading to the end) or `close` it."""
 
-    def __init__(self, url: str, connection: _Connection, pool: Pool) -> None:
+    def __init__(self, url: str, connection: _Connection, pool: Pool, loop: asyncio.AbstractEventLoop) -> None:
         self.url = url
         self.status = 0
         self.headers: dict[str, str] = {}
@@ -90,7 +90,8 @@ class Response:
         self._keep_alive = False
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
-        self._head = asyncio.get_running_loop().create_future()
+        self._loop = loop
+        self._head = loop.create_future()
         self.received_any = False
 
     def _wake(self) -> None:
@@ -136,12 +137,18 @@ class Response:
                 return
             if self._error is not None:
                 raise self._error
-            self._waiter = asyncio.get_running_loop().create_future()
+            self._waiter = self._loop.create_future()
             await self._waiter
 
     async def read(self) -> bytes:
-        parts = [chunk async for chunk in self.chunks()]
-        return b"".join(parts)
+        while not self.complete:
+            if self._error is not None:
+                raise self._error
+            self._waiter = self._loop.create_future()
+            await self._waiter
+        body = b"".join(self._chunks)
+        self._chunks.clear()
+        return body
 
     def release(self) -> None:
         """Give the connection back when the answer was read to its end and may be followed; else close it."""
@@ -167,6 +174,7 @@ class Pool:
         self._connect_timeout = connect_timeout
         self._keepalive_s = keepalive_s
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        self._targets: dict[str, tuple[tuple[str, int], bytes]] = {}
         self._closed = False
 
     def _put_back(self, connection: _Connection) -> None:
@@ -197,25 +205,39 @@ class Pool:
             raise ConnectError(f"no connection to {peer[0]}:{peer[1]} within {self._connect_timeout} s") from exc
         return connection
 
+    def _target(self, url: str) -> tuple[tuple[str, int], bytes]:
+        """Where a URL connects and its request line's target and host header, split once per URL."""
+        found = self._targets.get(url)
+        if found is None:
+            parts = urlsplit(url)
+            target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            found = (
+                (parts.hostname or "", parts.port or 80),
+                f" {target} HTTP/1.1\r\nhost: {parts.netloc}\r\n".encode(),
+            )
+            if len(self._targets) > 4096:  # instances come and go under discovery
+                self._targets.clear()
+            self._targets[url] = found
+        return found
+
     async def request(
         self, method: str, url: str, body: bytes = b"", headers: dict[str, str] | None = None
     ) -> Response:
         """Send the request; the Response once its status and headers arrived."""
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        peer = (host, parts.port or 80)
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        head = [f"{method} {target} HTTP/1.1\r\nhost: {parts.netloc}\r\ncontent-length: {len(body)}\r\n"]
+        peer, target = self._target(url)
+        head = [method.encode(), target, b"content-length: %d\r\n" % len(body)]
         for name, value in (headers or {}).items():
-            head.append(f"{name}: {value}\r\n")
-        head.append("\r\n")
-        payload = "".join(head).encode("latin-1") + body
+            head.append(f"{name}: {value}\r\n".encode("latin-1"))
+        head.append(b"\r\n")
+        head.append(body)
+        payload = b"".join(head)
         connection = self._take_idle(peer)
         reused = connection is not None
+        loop = asyncio.get_running_loop()
         while True:
             if connection is None:
                 connection = await self._connect(peer)
-            response = Response(url, connection, self)
+            response = Response(url, connection, self, loop)
             connection.response = response
             assert connection.transport is not None
             connection.transport.write(payload)

@@ -3,13 +3,18 @@
 Stage latencies (encode, prefill, first token, total) say where a slow request spent its time; requests,
 errors and retries by role and instance find the bad instance; in-flight and roster gauges show load and
 membership; the affinity counters and ratio show whether repeated media meet the encoder that holds them.
+What every request updates is counted in plain numbers (`RequestCounts`) and becomes metric families only when
+scraped: prometheus_client takes a lock, and a histogram walks its buckets, on every update.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import bisect
+from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from epd_connectors.proxy.roster import Roster
 
@@ -19,25 +24,61 @@ STAGE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+class RequestCounts(Collector):
+    """The per-request metrics: stage latencies, client and backend requests, requests in flight."""
+
+    def __init__(self) -> None:
+        self.stages: dict[str, list[int]] = {}
+        """Per stage: the count in each bucket of STAGE_BUCKETS, then those above the last."""
+        self.stage_sums: dict[str, float] = {}
+        self.requests: dict[tuple[str, str], int] = {}
+        self.backend: dict[tuple[str, str], int] = {}
+        self.in_flight = 0
+
+    def observe(self, stage: str, seconds: float) -> None:
+        counts = self.stages.get(stage)
+        if counts is None:
+            counts = self.stages[stage] = [0] * (len(STAGE_BUCKETS) + 1)
+            self.stage_sums[stage] = 0.0
+        counts[bisect.bisect_left(STAGE_BUCKETS, seconds)] += 1
+        self.stage_sums[stage] += seconds
+
+    def collect(self) -> Iterator[Metric]:
+        stages = HistogramMetricFamily(
+            "epd_proxy_stage_seconds",
+            "Latency of one request stage: encode, prefill, first_token, total",
+            labels=["stage"],
+        )
+        for stage, counts in self.stages.items():
+            cumulative, buckets = 0, []
+            for bound, count in zip((*STAGE_BUCKETS, float("inf")), counts, strict=True):
+                cumulative += count
+                buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
+            stages.add_metric([stage], buckets, self.stage_sums[stage])
+        yield stages
+        requests = CounterMetricFamily(
+            "epd_proxy_requests", "Client requests by endpoint and answer status", labels=["endpoint", "status"]
+        )
+        for labels, value in self.requests.items():
+            requests.add_metric(labels, value)
+        yield requests
+        backend = CounterMetricFamily(
+            "epd_proxy_backend_requests", "Requests sent to backends", labels=["role", "instance"]
+        )
+        for labels, value in self.backend.items():
+            backend.add_metric(labels, value)
+        yield backend
+        yield GaugeMetricFamily("epd_proxy_requests_in_flight", "Client requests being served", value=self.in_flight)
+
+
 class ProxyMetrics:
     """Every metric the proxy exports."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.stage_seconds = Histogram(
-            "epd_proxy_stage_seconds",
-            "Latency of one request stage: encode, prefill, first_token, total",
-            ["stage"],
-            buckets=STAGE_BUCKETS,
-            registry=r,
-        )
-        self.requests = Counter(
-            "epd_proxy_requests", "Client requests by endpoint and answer status", ["endpoint", "status"], registry=r
-        )
-        self.backend_requests = Counter(
-            "epd_proxy_backend_requests", "Requests sent to backends", ["role", "instance"], registry=r
-        )
+        self.counts = RequestCounts()
+        r.register(self.counts)
         self.backend_errors = Counter(
             "epd_proxy_backend_errors", "Failed backend requests by kind", ["role", "instance", "kind"], registry=r
         )
@@ -47,7 +88,6 @@ class ProxyMetrics:
             ["role", "instance"],
             registry=r,
         )
-        self.in_flight = Gauge("epd_proxy_requests_in_flight", "Client requests being served", registry=r)
         self.roster = Gauge(
             "epd_proxy_roster_instances", "Known instances by role and health", ["role", "state"], registry=r
         )
@@ -70,24 +110,17 @@ class ProxyMetrics:
         )
         self._hits = 0
         self._items = 0
-        self._children: dict[tuple[str, ...], Any] = {}
-
-    def _child(self, metric: Any, *labels: str) -> Any:
-        """The labelled child, cached: prometheus_client's labels() costs more than the update itself."""
-        key = (str(id(metric)), *labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)
-        return child
 
     def observe_stage(self, stage: str, seconds: float) -> None:
-        self._child(self.stage_seconds, stage).observe(seconds)
+        self.counts.observe(stage, seconds)
 
     def count_request(self, endpoint: str, status: str) -> None:
-        self._child(self.requests, endpoint, status).inc()
+        key = (endpoint, status)
+        self.counts.requests[key] = self.counts.requests.get(key, 0) + 1
 
     def count_backend(self, role: str, instance: str) -> None:
-        self._child(self.backend_requests, role, instance).inc()
+        key = (role, instance)
+        self.counts.backend[key] = self.counts.backend.get(key, 0) + 1
 
     def affinity_result(self, hit: bool) -> None:
         self._items += 1

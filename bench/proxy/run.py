@@ -10,9 +10,11 @@ tenants hits all alike); a cell is the median over rounds. Goal (issue 17): ahea
 request and p99 at every level in PD-only and P/D modes, or within 1.3x of the best where a profile shows why
 not. Image requests (E/P/D) go through epd-proxy only: see `peers.EPD_MODE_ABSENT`.
 
-`--profile` adds a py-spy profile of epd-proxy at concurrency 64 (not streamed, PD-only) and prints the
-functions with the most self time. The peers, wrk and py-spy are installed by the bench itself: the peers and
-py-spy into a cached virtualenv outside the repository (`peers.VENV`), wrk from Debian's packages.
+`--baseline REV` adds epd-proxy as it was at a git revision (its connectors/src, with this environment's
+packages) as one more column, for before/after figures from one run. `--profile` adds a py-spy profile of
+epd-proxy at concurrency 64 (not streamed, PD-only) and prints the functions with the most self time. The
+peers, wrk and py-spy are installed by the bench itself: the peers and py-spy into a cached virtualenv outside
+the repository (`peers.VENV`), wrk from Debian's packages.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import re
 import shutil
 import socket
 import statistics
@@ -38,6 +41,7 @@ from bench.proxy import load, peers  # noqa: E402 - the repository root is on th
 
 LEVELS = (1, 16, 64, 256)
 OURS = "epd-proxy"
+PEERS = ("vllm-router", "smg")
 PLAIN, SPLIT = "PD-only", "P/D"
 
 
@@ -94,8 +98,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_routers(bench: Bench, workers: dict[str, str], mode: str, bin_dir: Path | None) -> list[Target]:
-    targets = []
+def start_ours(bench: Bench, name: str, workers: dict[str, str], mode: str, source: Path | None) -> Target:
     port = free_port()
     argv = [sys.executable, "-m", "epd_connectors.proxy.cli", "--host", "127.0.0.1", "--port", str(port)]
     if "plain" in workers:
@@ -103,9 +106,30 @@ def start_routers(bench: Bench, workers: dict[str, str], mode: str, bin_dir: Pat
     else:
         argv += ["--prefill", workers["prefill"], "--decode", workers["decode"]]
     argv += ["--probe-interval", "5", "--log-level", "error"]
+    if source is not None:  # the baseline's package first on the path
+        argv = ["env", f"PYTHONPATH={source}", *argv]
     base = f"http://127.0.0.1:{port}"
-    process = bench.start(f"{OURS}-{mode}", argv, base + "/health", bench.router_core)
-    targets.append(Target(OURS, base + "/v1/chat/completions", process.pid, port))
+    process = bench.start(f"{name}-{mode}", argv, base + "/health", bench.router_core)
+    return Target(name, base + "/v1/chat/completions", process.pid, port)
+
+
+def baseline_source(bench: Bench, revision: str) -> Path:
+    """connectors/src of the proxy at a git revision, unpacked into the bench's folder."""
+    folder = bench.workdir / "baseline"
+    folder.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(HERE), "archive", revision, "connectors/src"], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    return folder / "connectors" / "src"
+
+
+def start_routers(
+    bench: Bench, workers: dict[str, str], mode: str, bin_dir: Path | None, baseline: tuple[str, Path] | None
+) -> list[Target]:
+    targets = [start_ours(bench, OURS, workers, mode, None)]
+    if baseline is not None:
+        targets.append(start_ours(bench, baseline[0], workers, mode, baseline[1]))
     if bin_dir is None:
         return targets
     for name in ("vllm-router", "smg"):
@@ -136,7 +160,7 @@ def table(rows: list[tuple[str, bool, int, dict[str, load.Result]]], names: list
                 continue
             cell = f"{r.p50_ms:.2f}/{r.p99_ms:.2f}" + (f" ({r.errors}e)" if r.errors else "")
             line += f" | {cell:>22} {r.rps:>6.0f} {r.cpu_us:>6.0f}"
-        others = [results[n] for n in names if n not in (OURS, "direct") and n in results]
+        others = [results[n] for n in names if n in PEERS and n in results]
         if others and OURS in results:
             ours = results[OURS]
             cpu = ours.cpu_us / min(o.cpu_us for o in others)
@@ -192,7 +216,7 @@ def profile(bench: Bench, target: Target, script: Path, seconds: float, bin_dir:
     total = 0
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
-        frame = stack.rsplit(";", 1)[-1]
+        frame = re.sub(r":\d+\)$", ")", stack.rsplit(";", 1)[-1])  # one line per function, not per line
         if not count.isdigit() or "(" not in frame:
             continue
         total += int(count)
@@ -227,8 +251,8 @@ def cells(bench: Bench, by_mode: dict[str, list[Target]], scripts: dict[bool, Pa
                         )
                 rows.append((mode, stream, level, {name: combine(r) for name, r in found.items()}))
                 print(f"  {mode} stream={stream} c={level}: done", file=sys.stderr, flush=True)
-    names = ["direct", OURS, "vllm-router", "smg"]
-    return table(rows, [n for n in names if any(n in r[3] for r in rows)])
+    names = list(dict.fromkeys(t.name for targets in by_mode.values() for t in targets))
+    return table(rows, names)
 
 
 def bursts(bench: Bench, targets: list[Target], script: Path, rounds: int) -> str:
@@ -260,6 +284,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--load-core", type=int, default=1)
     parser.add_argument("--no-peers", action="store_true", help="epd-proxy and the direct call only")
     parser.add_argument("--no-burst", action="store_true")
+    parser.add_argument("--baseline", metavar="REV", help="also run epd-proxy as it was at this git revision")
     parser.add_argument("--profile", action="store_true", help="py-spy profile of epd-proxy at concurrency 64")
     return parser.parse_args()
 
@@ -277,13 +302,14 @@ def main() -> int:
         argv = [sys.executable, str(HERE / "backend.py"), *map(str, ports.values())]
         plain_url = f"http://127.0.0.1:{ports['plain']}"
         bench.start("backend", argv, plain_url + "/health", args.load_core)
+        baseline = (f"{OURS}@{args.baseline}", baseline_source(bench, args.baseline)) if args.baseline else None
         by_mode: dict[str, list[Target]] = {}
         if PLAIN in args.modes:
             direct = Target("direct", plain_url + "/v1/chat/completions", None, ports["plain"])
-            by_mode[PLAIN] = [direct, *start_routers(bench, {"plain": plain_url}, "plain", bin_dir)]
+            by_mode[PLAIN] = [direct, *start_routers(bench, {"plain": plain_url}, "plain", bin_dir, baseline)]
         if SPLIT in args.modes:
             workers = {role: f"http://127.0.0.1:{ports[role]}" for role in ("prefill", "decode")}
-            by_mode[SPLIT] = start_routers(bench, workers, "pd", bin_dir)
+            by_mode[SPLIT] = start_routers(bench, workers, "pd", bin_dir, baseline)
         shown = cells(bench, by_mode, scripts, args)
         print(
             f"\nproxy bench: {args.rounds} interleaved rounds of {args.seconds:g} s per cell (medians), routers on "

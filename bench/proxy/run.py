@@ -62,7 +62,7 @@ class Bench:
 
     def start(self, name: str, argv: list[str], health: str, core: int | None) -> subprocess.Popen[bytes]:
         pinned = ["taskset", "-c", str(core), *argv] if core is not None else argv
-        log = self.workdir / f"{name}.log"
+        log = self.workdir / f"{name.replace('/', '-')}.log"
         with log.open("wb") as out:
             process = subprocess.Popen(pinned, stdout=out, stderr=subprocess.STDOUT, cwd=self.workdir)
         self.processes.append(process)
@@ -98,9 +98,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_ours(bench: Bench, name: str, workers: dict[str, str], mode: str, source: Path | None) -> Target:
+def start_ours(
+    bench: Bench, name: str, workers: dict[str, str], mode: str, source: Path | None, *, python: str = sys.executable
+) -> Target:
     port = free_port()
-    argv = [sys.executable, "-m", "epd_connectors.proxy.cli", "--host", "127.0.0.1", "--port", str(port)]
+    argv = [python, "-m", "epd_connectors.proxy.cli", "--host", "127.0.0.1", "--port", str(port)]
     if "plain" in workers:
         argv += ["--pd", workers["plain"]]
     else:
@@ -118,18 +120,26 @@ def baseline_source(bench: Bench, revision: str) -> Path:
     folder = bench.workdir / "baseline"
     folder.mkdir()
     archive = subprocess.run(
-        ["git", "-C", str(HERE), "archive", revision, "connectors/src"], check=True, capture_output=True
+        ["git", "-C", str(HERE.parent.parent), "archive", revision, "connectors/src"], check=True, capture_output=True
     ).stdout
     subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
     return folder / "connectors" / "src"
 
 
 def start_routers(
-    bench: Bench, workers: dict[str, str], mode: str, bin_dir: Path | None, baseline: tuple[str, Path] | None
+    bench: Bench, workers: dict[str, str], mode: str, bin_dir: Path | None, args: argparse.Namespace
 ) -> list[Target]:
     targets = [start_ours(bench, OURS, workers, mode, None)]
-    if baseline is not None:
-        targets.append(start_ours(bench, baseline[0], workers, mode, baseline[1]))
+    if args.baseline_source is not None:
+        targets.append(start_ours(bench, f"{OURS}@{args.baseline}", workers, mode, args.baseline_source))
+    for python in args.python:
+        version = subprocess.run(
+            [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        targets.append(start_ours(bench, f"{OURS}/py{version}", workers, mode, None, python=python))
     if bin_dir is None:
         return targets
     for name in ("vllm-router", "smg"):
@@ -285,6 +295,13 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--no-peers", action="store_true", help="epd-proxy and the direct call only")
     parser.add_argument("--no-burst", action="store_true")
     parser.add_argument("--baseline", metavar="REV", help="also run epd-proxy as it was at this git revision")
+    parser.add_argument(
+        "--python",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="also run epd-proxy with this interpreter (one with the connectors' proxy extra installed; repeat)",
+    )
     parser.add_argument("--profile", action="store_true", help="py-spy profile of epd-proxy at concurrency 64")
     return parser.parse_args()
 
@@ -302,14 +319,14 @@ def main() -> int:
         argv = [sys.executable, str(HERE / "backend.py"), *map(str, ports.values())]
         plain_url = f"http://127.0.0.1:{ports['plain']}"
         bench.start("backend", argv, plain_url + "/health", args.load_core)
-        baseline = (f"{OURS}@{args.baseline}", baseline_source(bench, args.baseline)) if args.baseline else None
+        args.baseline_source = baseline_source(bench, args.baseline) if args.baseline else None
         by_mode: dict[str, list[Target]] = {}
         if PLAIN in args.modes:
             direct = Target("direct", plain_url + "/v1/chat/completions", None, ports["plain"])
-            by_mode[PLAIN] = [direct, *start_routers(bench, {"plain": plain_url}, "plain", bin_dir, baseline)]
+            by_mode[PLAIN] = [direct, *start_routers(bench, {"plain": plain_url}, "plain", bin_dir, args)]
         if SPLIT in args.modes:
             workers = {role: f"http://127.0.0.1:{ports[role]}" for role in ("prefill", "decode")}
-            by_mode[SPLIT] = start_routers(bench, workers, "pd", bin_dir, baseline)
+            by_mode[SPLIT] = start_routers(bench, workers, "pd", bin_dir, args)
         shown = cells(bench, by_mode, scripts, args)
         print(
             f"\nproxy bench: {args.rounds} interleaved rounds of {args.seconds:g} s per cell (medians), routers on "

@@ -125,6 +125,25 @@ def test_head_http10_and_malformed_requests() -> None:
     run(main)
 
 
+def test_a_stream_to_an_http10_client_is_not_chunked_and_ends_with_the_connection() -> None:
+    async def main() -> None:
+        pd = StandIn("pd0", chunks=3)
+        async with running(pd):
+            app = ProxyApp(roster_of({Role.PD: [pd]}), FAST)
+            async with serving(app) as url:
+                reader, writer = await connect(url)
+                body = json.dumps({**json.loads(BODY), "stream": True}).encode()
+                writer.write(post(body).replace(b"HTTP/1.1", b"HTTP/1.0", 1))
+                whole = await reader.read()
+                writer.close()
+        head, _, events = whole.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding" not in head, head
+        assert events.startswith(b"data: ") and events.endswith(b"data: [DONE]\n\n"), events
+        assert all(f"pd0-{i}".encode() in events for i in range(3))
+
+    run(main)
+
+
 def test_every_waiting_connection_is_accepted_on_one_wake_up() -> None:
     """uvloop's own listener takes one connection per loop iteration, so a burst waits behind a busy loop; the
     server drains the listen queue whenever it wakes. 300 connections complete in the kernel while the loop

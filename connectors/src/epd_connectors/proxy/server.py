@@ -79,12 +79,14 @@ class Reply:
     `gone` is set when the client disconnected before the answer was complete (the handler is cancelled then).
     """
 
-    __slots__ = ("_connection", "_head_only", "_keep_alive", "_started", "complete", "gone")
+    __slots__ = ("_chunked", "_connection", "_head_only", "_keep_alive", "_started", "complete", "gone")
 
-    def __init__(self, connection: _Connection, head_only: bool, keep_alive: bool) -> None:
+    def __init__(self, connection: _Connection, *, head_only: bool, keep_alive: bool, chunked: bool) -> None:
         self._connection = connection
         self._head_only = head_only
         self._keep_alive = keep_alive
+        self._chunked = chunked
+        """HTTP/1.1 client: a stream is sent chunked; an HTTP/1.0 one ends where the connection closes."""
         self._started = False
         self.complete = False
         self.gone = False
@@ -111,21 +113,29 @@ class Reply:
         self._connection.write_last(head if self._head_only else head + body, self._keep_alive)
 
     async def start(self, status: int, content_type: bytes, headers: Iterable[Header] = ()) -> None:
-        """The head of a streamed answer (chunked); it leaves with the first `write`."""
+        """The head of a streamed answer; it leaves with the first `write`."""
         self._started = True
-        self._connection.hold(self._head(status, ((b"content-type", content_type), *headers), _CHUNKED))
+        if not self._chunked:
+            self._keep_alive = False
+        framing = _CHUNKED if self._chunked else b""
+        self._connection.hold(self._head(status, ((b"content-type", content_type), *headers), framing))
 
     async def write(self, chunk: bytes) -> None:
         """One piece of a streamed answer; waits while the client reads slower than the answer comes."""
         if chunk and not self._head_only:
-            await self._connection.write_chunk(chunk)
+            await self._connection.write_chunk(chunk, chunked=self._chunked)
 
     async def end(self, last: bytes = b"") -> None:
         """The last piece of a streamed answer."""
         if self.complete:
             return
         self.complete = True
-        tail = b"" if self._head_only else (_chunk(last) if last else b"") + b"0\r\n\r\n"
+        if self._head_only:
+            tail = b""
+        elif self._chunked:
+            tail = (_chunk(last) if last else b"") + b"0\r\n\r\n"
+        else:
+            tail = last
         self._connection.write_last(self._connection.take_held() + tail, self._keep_alive)
 
 
@@ -226,8 +236,7 @@ class _Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         if self._refused:
             return
-        length = self.parser.get_method() != b"GET" and _content_length(self._headers)
-        if length and length > self.server.max_body_bytes:
+        if _content_length(self._headers) > self.server.max_body_bytes:
             self._refuse(413, f"the request body is larger than {self.server.max_body_bytes} bytes")
         elif _expects_continue(self._headers) and self.transport is not None:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -249,7 +258,8 @@ class _Connection(asyncio.Protocol):
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         request = Request(method, url.path.decode("latin-1"), (url.query or b"").decode("latin-1"), self._headers, body)
         keep_alive = self.parser.should_keep_alive() and not self.server.closing
-        exchange = _Exchange(request, Reply(self, method == "HEAD", keep_alive))
+        chunked = self.parser.get_http_version() != "1.0"
+        exchange = _Exchange(request, Reply(self, head_only=method == "HEAD", keep_alive=keep_alive, chunked=chunked))
         if self._current is None:
             self._run(exchange)
         else:
@@ -304,11 +314,14 @@ class _Connection(asyncio.Protocol):
         held, self._held = self._held, b""
         return held
 
-    async def write_chunk(self, chunk: bytes) -> None:
+    async def write_chunk(self, chunk: bytes, *, chunked: bool) -> None:
         if self._closed or self.transport is None:
             raise ConnectionResetError("the client went away")
         held = self.take_held()
-        self.transport.writelines((held, b"%x\r\n" % len(chunk), chunk, b"\r\n"))
+        if chunked:
+            self.transport.writelines((held, b"%x\r\n" % len(chunk), chunk, b"\r\n"))
+        else:
+            self.transport.writelines((held, chunk))
         if self._paused:
             await self._drain()
 

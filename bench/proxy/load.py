@@ -108,13 +108,17 @@ body = sys.argv[3].encode()
 request = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
 
-async def one(started):
+async def answer(started):
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(request)
     head = await reader.readuntil(b"\r\n\r\n")
-    await reader.read()
+    length = [int(line.split(b":")[1]) for line in head.lower().split(b"\r\n") if line.startswith(b"content-length")]
+    await (reader.readexactly(length[0]) if length else reader.read())
     writer.close()
     return time.perf_counter() - started, head.startswith(b"HTTP/1.1 200")
+
+async def one(started):
+    return await asyncio.wait_for(answer(started), 30)
 
 async def main():
     started = time.perf_counter()

@@ -24,6 +24,7 @@ import collections
 import os
 import re
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -294,6 +295,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--load-core", type=int, default=1)
     parser.add_argument("--no-peers", action="store_true", help="epd-proxy and the direct call only")
     parser.add_argument("--no-burst", action="store_true")
+    parser.add_argument("--no-cells", action="store_true", help="only the burst (and the profile)")
     parser.add_argument("--baseline", metavar="REV", help="also run epd-proxy as it was at this git revision")
     parser.add_argument(
         "--python",
@@ -308,6 +310,7 @@ def arguments() -> argparse.Namespace:
 
 def main() -> int:
     args = arguments()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the routers are stopped on the way out
     if shutil.which("wrk") is None:
         subprocess.run([str(HERE.parent.parent / "hack" / "setup-apt.sh"), "wrk"], check=True)
     bin_dir, where = (None, "skipped (--no-peers)") if args.no_peers else peers.install()
@@ -327,14 +330,15 @@ def main() -> int:
         if SPLIT in args.modes:
             workers = {role: f"http://127.0.0.1:{ports[role]}" for role in ("prefill", "decode")}
             by_mode[SPLIT] = start_routers(bench, workers, "pd", bin_dir, args)
-        shown = cells(bench, by_mode, scripts, args)
-        print(
-            f"\nproxy bench: {args.rounds} interleaved rounds of {args.seconds:g} s per cell (medians), routers on "
-            f"core {args.router_core}, backend and wrk on core {args.load_core}, text-only chat, load average "
-            f"{os.getloadavg()[0]:.1f} at the end; us/req: the router's CPU per request; vs best peer: ours / "
-            "the better peer's (below 1x: ahead on cpu and p99; above 1x: ahead on rps)"
-        )
-        print(shown)
+        shown = "" if args.no_cells else cells(bench, by_mode, scripts, args)
+        if shown:
+            print(
+                f"\nproxy bench: {args.rounds} interleaved rounds of {args.seconds:g} s per cell (medians), routers "
+                f"on core {args.router_core}, backend and wrk on core {args.load_core}, text-only chat, load average "
+                f"{os.getloadavg()[0]:.1f} at the end; us/req: the router's CPU per request; vs best peer: ours / "
+                "the better peer's (below 1x: ahead on cpu and p99; above 1x: ahead on rps)"
+            )
+            print(shown)
         print(f"E/P/D: {peers.EPD_MODE_ABSENT}")
         if not args.no_burst and PLAIN in by_mode:
             print("\n" + bursts(bench, by_mode[PLAIN], scripts[False], args.rounds))

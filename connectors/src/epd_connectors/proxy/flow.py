@@ -209,7 +209,7 @@ class Flow:
         started = time.perf_counter()
         limit = self.options.timeouts.first_token
         try:
-            async with asyncio.timeout(limit):
+            with TimeLimit(limit):
                 response = await self.backend.open(
                     instance.url + request.path, body, role=instance.role.value, headers=headers
                 )
@@ -258,6 +258,33 @@ async def _rest(chunks: AsyncIterator[bytes], url: str, idle_limit: float) -> As
                 yield chunk
     finally:
         guard.cancel()
+
+
+class TimeLimit:
+    """`asyncio.timeout` for the request path: TimeoutError when the block takes longer than `seconds`. It is a
+    plain context manager over one timer, without asyncio.timeout's rescheduling and state checks, and must be
+    entered inside the task it limits."""
+
+    __slots__ = ("_expired", "_handle", "_seconds", "_task")
+
+    def __init__(self, seconds: float) -> None:
+        self._seconds = seconds
+        self._expired = False
+
+    def __enter__(self) -> None:
+        task = asyncio.current_task()
+        assert task is not None, "TimeLimit outside a task"
+        self._task = task
+        self._handle = task.get_loop().call_later(self._seconds, self._expire)
+
+    def _expire(self) -> None:
+        self._expired = True
+        self._task.cancel()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _: object) -> None:
+        self._handle.cancel()
+        if self._expired and kind is asyncio.CancelledError and self._task.uncancel() == 0:
+            raise TimeoutError from exc
 
 
 class _StallGuard:

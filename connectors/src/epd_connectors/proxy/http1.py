@@ -175,6 +175,7 @@ class Pool:
         self._keepalive_s = keepalive_s
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
         self._targets: dict[str, tuple[tuple[str, int], bytes]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
     def _put_back(self, connection: _Connection) -> None:
@@ -233,7 +234,9 @@ class Pool:
         payload = b"".join(head)
         connection = self._take_idle(peer)
         reused = connection is not None
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
         while True:
             if connection is None:
                 connection = await self._connect(peer)

@@ -253,10 +253,15 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         if self._refused:
             return
-        url = httptools.parse_url(self._url)
+        target = self._url
+        if target[:1] == b"/" and b"?" not in target:
+            path, query = target, b""  # the usual origin-form target: nothing to parse
+        else:
+            url = httptools.parse_url(target)
+            path, query = url.path or b"/", url.query or b""
         method = self.parser.get_method().decode("ascii")
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
-        request = Request(method, url.path.decode("latin-1"), (url.query or b"").decode("latin-1"), self._headers, body)
+        request = Request(method, path.decode("latin-1"), query.decode("latin-1"), self._headers, body)
         keep_alive = self.parser.should_keep_alive() and not self.server.closing
         chunked = self.parser.get_http_version() != "1.0"
         exchange = _Exchange(request, Reply(self, head_only=method == "HEAD", keep_alive=keep_alive, chunked=chunked))

@@ -12,7 +12,7 @@ not. Image requests (E/P/D) go through epd-proxy only: see `peers.EPD_MODE_ABSEN
 
 `--baseline REV` adds epd-proxy as it was at a git revision (its connectors/src, with this environment's
 packages) as one more column, for before/after figures from one run. `--profile` adds a py-spy profile of
-epd-proxy at concurrency 64 (not streamed, PD-only) and prints the functions with the most self time. The
+each epd-proxy at concurrency 64 (not streamed, PD-only) and prints the functions with the most self time. The
 peers, wrk and py-spy are installed by the bench itself: the peers and py-spy into a cached virtualenv outside
 the repository (`peers.VENV`), wrk from Debian's packages.
 """
@@ -235,7 +235,7 @@ def profile(bench: Bench, target: Target, script: Path, seconds: float, bin_dir:
         by_file[frame[frame.index("(") + 1 :].split(":")[0].rsplit("/", 1)[-1].rstrip(")")] += int(count)
     if not total:
         return "profile: no samples"
-    lines = [f"py-spy, {total} samples of {OURS} at concurrency 64 (self time):"]
+    lines = [f"py-spy, {total} samples of {target.name} at concurrency 64 (self time):"]
     lines += [f"  {100 * n / total:5.1f} %  {frame}" for frame, n in by_function.most_common(15)]
     lines.append("by file: " + ", ".join(f"{name} {100 * n / total:.1f} %" for name, n in by_file.most_common(10)))
     return "\n".join(lines)
@@ -304,7 +304,7 @@ def arguments() -> argparse.Namespace:
         metavar="PATH",
         help="also run epd-proxy with this interpreter (one with the connectors' proxy extra installed; repeat)",
     )
-    parser.add_argument("--profile", action="store_true", help="py-spy profile of epd-proxy at concurrency 64")
+    parser.add_argument("--profile", action="store_true", help="py-spy profile of each epd-proxy at concurrency 64")
     return parser.parse_args()
 
 
@@ -343,8 +343,9 @@ def main() -> int:
         if not args.no_burst and PLAIN in by_mode:
             print("\n" + bursts(bench, by_mode[PLAIN], scripts[False], args.rounds))
         if args.profile and PLAIN in by_mode:
-            ours = next(t for t in by_mode[PLAIN] if t.name == OURS)
-            print("\n" + profile(bench, ours, scripts[False], max(args.seconds, 5.0), bin_dir or peers.VENV / "bin"))
+            for ours in (t for t in by_mode[PLAIN] if t.name.startswith(OURS)):
+                spy = bin_dir or peers.VENV / "bin"
+                print("\n" + profile(bench, ours, scripts[False], max(args.seconds, 5.0), spy))
     finally:
         bench.stop()
         shutil.rmtree(bench.workdir, ignore_errors=True)

@@ -10,11 +10,11 @@ tenants hits all alike); a cell is the median over rounds. Goal (issue 17): ahea
 request and p99 at every level in PD-only and P/D modes, or within 1.3x of the best where a profile shows why
 not. Image requests (E/P/D) go through epd-proxy only: see `peers.EPD_MODE_ABSENT`.
 
-`--baseline REV` adds epd-proxy as it was at a git revision (its connectors/src, with this environment's
-packages) as one more column, for before/after figures from one run. `--profile` adds a py-spy profile of
-each epd-proxy at concurrency 64 (not streamed, PD-only) and prints the functions with the most self time. The
-peers, wrk and py-spy are installed by the bench itself: the peers and py-spy into a cached virtualenv outside
-the repository (`peers.VENV`), wrk from Debian's packages.
+`--baseline REV` (repeatable) adds epd-proxy as it was at a git revision (its connectors/src, with this
+environment's packages) as one more column, for before/after figures from one run. `--profile` adds a py-spy
+profile of each epd-proxy at concurrency 64 (not streamed, PD-only) and prints the functions with the most self
+time. The peers, wrk and py-spy are installed by the bench itself: the peers and py-spy into a cached
+virtualenv outside the repository (`peers.VENV`), wrk from Debian's packages.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def start_ours(
 
 def baseline_source(bench: Bench, revision: str) -> Path:
     """connectors/src of the proxy at a git revision, unpacked into the bench's folder."""
-    folder = bench.workdir / "baseline"
+    folder = bench.workdir / f"baseline-{revision.replace('/', '-')}"
     folder.mkdir()
     archive = subprocess.run(
         ["git", "-C", str(HERE.parent.parent), "archive", revision, "connectors/src"], check=True, capture_output=True
@@ -131,8 +131,8 @@ def start_routers(
     bench: Bench, workers: dict[str, str], mode: str, bin_dir: Path | None, args: argparse.Namespace
 ) -> list[Target]:
     targets = [start_ours(bench, OURS, workers, mode, None)]
-    if args.baseline_source is not None:
-        targets.append(start_ours(bench, f"{OURS}@{args.baseline}", workers, mode, args.baseline_source))
+    for revision, source in args.baseline_sources.items():
+        targets.append(start_ours(bench, f"{OURS}@{revision}", workers, mode, source))
     for python in args.python:
         version = subprocess.run(
             [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
@@ -296,7 +296,13 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--no-peers", action="store_true", help="epd-proxy and the direct call only")
     parser.add_argument("--no-burst", action="store_true")
     parser.add_argument("--no-cells", action="store_true", help="only the burst (and the profile)")
-    parser.add_argument("--baseline", metavar="REV", help="also run epd-proxy as it was at this git revision")
+    parser.add_argument(
+        "--baseline",
+        action="append",
+        default=[],
+        metavar="REV",
+        help="also run epd-proxy as it was at this git revision (repeat)",
+    )
     parser.add_argument(
         "--python",
         action="append",
@@ -322,7 +328,7 @@ def main() -> int:
         argv = [sys.executable, str(HERE / "backend.py"), *map(str, ports.values())]
         plain_url = f"http://127.0.0.1:{ports['plain']}"
         bench.start("backend", argv, plain_url + "/health", args.load_core)
-        args.baseline_source = baseline_source(bench, args.baseline) if args.baseline else None
+        args.baseline_sources = {revision: baseline_source(bench, revision) for revision in args.baseline}
         by_mode: dict[str, list[Target]] = {}
         if PLAIN in args.modes:
             direct = Target("direct", plain_url + "/v1/chat/completions", None, ports["plain"])

@@ -451,10 +451,6 @@ class Server:
             for connection in list(self.connections):
                 connection.close_if_idle(now, self.keepalive_s)
 
-    @property
-    def in_flight(self) -> int:
-        return sum(1 for c in self.connections if c.idle_since is None)
-
     async def stop(self, grace_s: float) -> None:
         """Stop accepting, close idle connections, let answers in progress finish for up to `grace_s`, then
         close every connection (their handlers are cancelled)."""

@@ -24,6 +24,13 @@ def has_amx_tiles(cpuinfo: str | None = None) -> bool:
     return "amx_tile" in cpu_flags(text)
 
 
+def loads_vllm_c(cpuinfo: str | None = None) -> bool:
+    """Whether vLLM's CPU wheel loads its full `_C` build here, the one with the "amx" attention kernels: only
+    on a CPU with avx512_bf16 (vllm/platforms/cpu.py import_kernels); elsewhere it loads _C_AVX512 or _C_AVX2."""
+    text = CPUINFO.read_text() if cpuinfo is None else cpuinfo
+    return {"avx512f", "avx512_bf16"} <= cpu_flags(text)
+
+
 def cpu_summary(cpuinfo: str | None = None) -> str:
     """One line: the model name and which of KERNEL_FLAGS it has ("model ...; amx_tile yes, ...")."""
     text = CPUINFO.read_text() if cpuinfo is None else cpuinfo

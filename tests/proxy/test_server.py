@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import replace
 
 import uvloop
@@ -13,6 +15,7 @@ import uvloop
 from epd_connectors.config.roles import Role
 from epd_connectors.proxy.app import ProxyApp
 from epd_connectors.proxy.server import Server
+from epd_connectors.proxy.settings import ProxyOptions
 from tests.proxy.harness import FAST, roster_of, run, serving
 from tests.proxy.stand_ins import StandIn, running
 
@@ -33,6 +36,13 @@ async def answer(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
     return head, await reader.readexactly(length)
 
 
+@asynccontextmanager
+async def in_front_of(pd: StandIn, options: ProxyOptions = FAST) -> AsyncIterator[str]:
+    """The stand-in running and the proxy served in front of it; the proxy's URL."""
+    async with running(pd), serving(ProxyApp(roster_of({Role.PD: [pd]}), options)) as url:
+        yield url
+
+
 async def connect(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     host, port = url.removeprefix("http://").split(":")
     return await asyncio.open_connection(host, int(port))
@@ -41,15 +51,13 @@ async def connect(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]
 def test_keep_alive_and_pipelined_requests_are_answered_in_order_on_one_connection() -> None:
     async def main() -> None:
         pd = StandIn("pd0")
-        async with running(pd):
-            app = ProxyApp(roster_of({Role.PD: [pd]}), FAST)
-            async with serving(app) as url:
-                reader, writer = await connect(url)
-                writer.write(post())
-                first = await answer(reader)
-                writer.write(post() + b"GET /livez HTTP/1.1\r\nhost: x\r\n\r\n" + post())
-                rest = [await answer(reader) for _ in range(3)]
-                writer.close()
+        async with in_front_of(pd) as url:
+            reader, writer = await connect(url)
+            writer.write(post())
+            first = await answer(reader)
+            writer.write(post() + b"GET /livez HTTP/1.1\r\nhost: x\r\n\r\n" + post())
+            rest = [await answer(reader) for _ in range(3)]
+            writer.close()
         assert first[0].startswith(b"HTTP/1.1 200") and b"from pd0" in first[1]
         assert [h.split(b"\r\n")[0] for h, _ in rest] == [b"HTTP/1.1 200 OK"] * 3
         assert b"from pd0" in rest[0][1] and b"serving" in rest[1][1] and b"from pd0" in rest[2][1]
@@ -61,20 +69,18 @@ def test_keep_alive_and_pipelined_requests_are_answered_in_order_on_one_connecti
 def test_expect_100_continue_and_a_chunked_body() -> None:
     async def main() -> None:
         pd = StandIn("pd0")
-        async with running(pd):
-            app = ProxyApp(roster_of({Role.PD: [pd]}), FAST)
-            async with serving(app) as url:
-                reader, writer = await connect(url)
-                writer.write(post(extra=b"expect: 100-continue\r\n")[: -len(BODY)])
-                assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
-                writer.write(BODY)
-                continued = await answer(reader)
-                head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
-                half = len(BODY) // 2
-                chunks = b"%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n" % (half, BODY[:half], len(BODY) - half, BODY[half:])
-                writer.write(head + chunks)
-                chunked = await answer(reader)
-                writer.close()
+        async with in_front_of(pd) as url:
+            reader, writer = await connect(url)
+            writer.write(post(extra=b"expect: 100-continue\r\n")[: -len(BODY)])
+            assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
+            writer.write(BODY)
+            continued = await answer(reader)
+            head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+            half = len(BODY) // 2
+            chunks = b"%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n" % (half, BODY[:half], len(BODY) - half, BODY[half:])
+            writer.write(head + chunks)
+            chunked = await answer(reader)
+            writer.close()
         assert continued[0].startswith(b"HTTP/1.1 200") and b"from pd0" in continued[1]
         assert chunked[0].startswith(b"HTTP/1.1 200") and b"from pd0" in chunked[1]
         assert pd.requests == [json.loads(BODY)] * 2
@@ -85,15 +91,13 @@ def test_expect_100_continue_and_a_chunked_body() -> None:
 def test_a_body_over_the_limit_is_refused_before_it_is_read() -> None:
     async def main() -> None:
         pd = StandIn("pd0")
-        async with running(pd):
-            options = replace(FAST, limits=replace(FAST.limits, max_body_bytes=1000))
-            app = ProxyApp(roster_of({Role.PD: [pd]}), options)
-            async with serving(app) as url:
-                reader, writer = await connect(url)
-                writer.write(post(b"x" * 5000)[:-5000])  # the head only: refused on its content-length
-                refused = await answer(reader)
-                closed = await reader.read()
-                writer.close()
+        options = replace(FAST, limits=replace(FAST.limits, max_body_bytes=1000))
+        async with in_front_of(pd, options) as url:
+            reader, writer = await connect(url)
+            writer.write(post(b"x" * 5000)[:-5000])  # the head only: refused on its content-length
+            refused = await answer(reader)
+            closed = await reader.read()
+            writer.close()
         assert refused[0].startswith(b"HTTP/1.1 413") and b"connection: close" in refused[0]
         assert "larger than 1000 bytes" in json.loads(refused[1])["error"]["message"]
         assert closed == b""
@@ -105,19 +109,17 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read() -> None:
 def test_head_http10_and_malformed_requests() -> None:
     async def main() -> None:
         pd = StandIn("pd0")
-        async with running(pd):
-            app = ProxyApp(roster_of({Role.PD: [pd]}), FAST)
-            async with serving(app) as url:
-                reader, writer = await connect(url)
-                writer.write(b"HEAD /health HTTP/1.1\r\nhost: x\r\n\r\n")
-                head = await reader.readuntil(b"\r\n\r\n")
-                writer.write(b"GET /livez HTTP/1.0\r\n\r\n")
-                old = await reader.read()  # HTTP/1.0 without keep-alive: answered, then closed
-                writer.close()
-                reader, writer = await connect(url)
-                writer.write(b"NOT HTTP AT ALL\r\n\r\n")
-                malformed = await reader.read()
-                writer.close()
+        async with in_front_of(pd) as url:
+            reader, writer = await connect(url)
+            writer.write(b"HEAD /health HTTP/1.1\r\nhost: x\r\n\r\n")
+            head = await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"GET /livez HTTP/1.0\r\n\r\n")
+            old = await reader.read()  # HTTP/1.0 without keep-alive: answered, then closed
+            writer.close()
+            reader, writer = await connect(url)
+            writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+            malformed = await reader.read()
+            writer.close()
         assert head.startswith(b"HTTP/1.1 200") and b"content-length: " in head
         assert old.startswith(b"HTTP/1.1 200") and old.endswith(b'{"status":"serving"}')
         assert malformed.startswith(b"HTTP/1.1 400") and b"malformed HTTP request" in malformed
@@ -128,14 +130,12 @@ def test_head_http10_and_malformed_requests() -> None:
 def test_a_stream_to_an_http10_client_is_not_chunked_and_ends_with_the_connection() -> None:
     async def main() -> None:
         pd = StandIn("pd0", chunks=3)
-        async with running(pd):
-            app = ProxyApp(roster_of({Role.PD: [pd]}), FAST)
-            async with serving(app) as url:
-                reader, writer = await connect(url)
-                body = json.dumps({**json.loads(BODY), "stream": True}).encode()
-                writer.write(post(body).replace(b"HTTP/1.1", b"HTTP/1.0", 1))
-                whole = await reader.read()
-                writer.close()
+        async with in_front_of(pd) as url:
+            reader, writer = await connect(url)
+            body = json.dumps({**json.loads(BODY), "stream": True}).encode()
+            writer.write(post(body).replace(b"HTTP/1.1", b"HTTP/1.0", 1))
+            whole = await reader.read()
+            writer.close()
         head, _, events = whole.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding" not in head, head
         assert events.startswith(b"data: ") and events.endswith(b"data: [DONE]\n\n"), events

@@ -163,7 +163,7 @@ class Flow:
         self.metrics.count_backend(prefill.role.value, prefill.url)
         with Outstanding(prefill):
             try:
-                async with asyncio.timeout(self.options.timeouts.prefill):
+                with TimeLimit(self.options.timeouts.prefill):
                     answer = await self.backend.post_json(
                         prefill.url + request.path,
                         kv.prefill_body(body, protocol, transfer_id),

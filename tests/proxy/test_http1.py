@@ -96,7 +96,7 @@ def test_chunked_bodies_arrive_whole_and_in_order() -> None:
         pool = Pool(connect_timeout=1, keepalive_s=10)
         async with serving(lambda t: t.write(CHUNKED)) as (url, _):
             response = await pool.request("POST", url, b"{}")
-            assert response.headers["content-type"] == "text/event-stream"
+            assert response.content_type == "text/event-stream"
             assert await response.read() == b"data: 1\n\ndata: 2\n\ndata: [DONE]\n\n"
             response.release()
             await pool.close()

@@ -22,6 +22,7 @@ from typing import Any
 from epd_connectors.config.bundle import PROXY_LIVENESS_PATH, PROXY_READINESS_PATH
 from epd_connectors.proxy import routing
 from epd_connectors.proxy.backend import Backend, dumps, loads
+from epd_connectors.proxy.deadlines import Deadlines
 from epd_connectors.proxy.errors import (
     BackendRejectedError,
     BadRequestError,
@@ -61,12 +62,13 @@ class ProxyApp:
         self.options = options
         self.metrics = ProxyMetrics()
         self.backend = Backend(options.timeouts)
-        self.flow = Flow(roster, self.backend, options, self.metrics)
+        timeouts = options.timeouts
+        self.deadlines = Deadlines(timeouts.total, timeouts.first_token, timeouts.prefill)
+        self.flow = Flow(roster, self.backend, options, self.metrics, self.deadlines)
         self.prober = Prober(roster, self.backend, options.limits, options.timeouts)
         self._discovery = discovery
         self._discovery_task: asyncio.Task[None] | None = None
         self._probe = probe
-        self.deadlines = Deadlines(options.timeouts.total)
 
     async def __call__(self, request: Request, reply: Reply) -> None:
         path, method = request.path, request.method
@@ -127,7 +129,6 @@ class ProxyApp:
             return
         request = ClientRequest(endpoint, body, _request_id(client), raw)
         self.metrics.counts.in_flight += 1
-        task = self.deadlines.add()
         try:
             await self._serve(request, reply)
         except asyncio.CancelledError:
@@ -137,14 +138,13 @@ class ProxyApp:
             self.metrics.count_request(endpoint, "499")
             raise
         finally:
-            self.deadlines.discard(task)
             self.metrics.counts.in_flight -= 1
             self.metrics.observe_stage("total", time.perf_counter() - started)
 
     async def _serve(self, request: ClientRequest, reply: Reply) -> None:
         answer: Answer | None = None
         try:
-            try:
+            with self.deadlines.limit(self.options.timeouts.total):
                 answer = await self.flow.run(request)
                 content_type = answer.content_type.encode()
                 if answer.chunks is None:
@@ -156,10 +156,6 @@ class ProxyApp:
                     async for chunk in answer.chunks:
                         await reply.write(chunk)
                     await reply.end()
-            except asyncio.CancelledError as exc:
-                if reply.gone or not self.deadlines.overdue():
-                    raise
-                raise TimeoutError from exc
             self.metrics.count_request(request.path, str(answer.status))
         except asyncio.CancelledError:
             raise
@@ -208,53 +204,6 @@ class ProxyApp:
             await self._fail(reply, "/v1/models", error)
             return
         await reply.send(status, JSON, data)
-
-
-class Deadlines:
-    """Ends requests that outlive the total time limit: one sweep a second finds them, instead of a timer per
-    request (the limit is an hour by default; a second more or less does not matter)."""
-
-    def __init__(self, limit_s: float) -> None:
-        self._limit_s = limit_s
-        self._due: dict[asyncio.Task[Any], float] = {}
-        self._expired: set[asyncio.Task[Any]] = set()
-        self._sweeper: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._sweeper = asyncio.create_task(self._sweep())
-
-    async def stop(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
-
-    def add(self) -> asyncio.Task[Any]:
-        task = asyncio.current_task()
-        assert task is not None
-        self._due[task] = time.monotonic() + self._limit_s
-        return task
-
-    def discard(self, task: asyncio.Task[Any]) -> None:
-        self._due.pop(task, None)
-        self._expired.discard(task)
-
-    def overdue(self) -> bool:
-        """Whether the current task was cancelled for its deadline; the cancellation is taken back then."""
-        task = asyncio.current_task()
-        if task is None or task not in self._expired:
-            return False
-        task.uncancel()
-        return True
-
-    async def _sweep(self) -> None:
-        while True:
-            await asyncio.sleep(min(1.0, self._limit_s / 4))
-            now = time.monotonic()
-            for task, due in list(self._due.items()):
-                if due <= now and task not in self._expired:
-                    self._expired.add(task)
-                    task.cancel()
 
 
 def _request_id(request: Request) -> str:

@@ -19,7 +19,6 @@ from epd_connectors.proxy.settings import Timeouts
 
 KEEPALIVE_S = 2.5
 """Seconds an idle pooled connection is kept: half of vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE default (5 s)."""
-JSON_HEADERS = {"content-type": "application/json"}
 
 
 def dumps(value: Any) -> bytes:
@@ -74,7 +73,7 @@ class Backend:
         """
         try:
             payload = body if isinstance(body, bytes) else dumps(body)
-            response = await self.pool.request("POST", url, payload, {**JSON_HEADERS, **(headers or {})})
+            response = await self.pool.request("POST", url, payload, headers, json=True)
         except Exception as exc:
             raise from_client_error(exc, role, url) from exc
         if response.status < 400:

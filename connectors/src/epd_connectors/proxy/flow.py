@@ -19,6 +19,7 @@ from epd_connectors.config.bundle import KVProtocol
 from epd_connectors.config.roles import Role
 from epd_connectors.proxy import kv, routing
 from epd_connectors.proxy.backend import Backend, loads
+from epd_connectors.proxy.deadlines import Deadlines
 from epd_connectors.proxy.encode import EncodeStage, record_failure
 from epd_connectors.proxy.errors import (
     BackendUnavailableError,
@@ -77,11 +78,14 @@ class Answer:
 class Flow:
     """Runs client requests against the roster."""
 
-    def __init__(self, roster: Roster, backend: Backend, options: ProxyOptions, metrics: ProxyMetrics) -> None:
+    def __init__(
+        self, roster: Roster, backend: Backend, options: ProxyOptions, metrics: ProxyMetrics, deadlines: Deadlines
+    ) -> None:
         self.roster = roster
         self.backend = backend
         self.options = options
         self.metrics = metrics
+        self.deadlines = deadlines
         self.encode = EncodeStage(roster, backend, options, metrics)
         self._tiebreak = 0
 
@@ -95,11 +99,11 @@ class Flow:
     async def _with_retries(self, role: Role, attempt: Callable[[Instance], Awaitable[Answer]]) -> Answer:
         """`attempt` on the least-loaded healthy instance of `role`, then on others while the failure is
         retryable and attempts remain."""
-        tried: set[str] = set()
+        tried: frozenset[str] = frozenset()
         last: ProxyError | None = None
         for _ in range(self.options.limits.retries + 1):
             self._tiebreak += 1
-            url = routing.least_outstanding(self.roster.candidates(role), frozenset(tried), self._tiebreak)
+            url = routing.least_outstanding(self.roster.candidates(role), tried, self._tiebreak)
             instance = self.roster.get(role, url) if url is not None else None
             if instance is None:
                 raise last or NoInstanceError(f"no healthy {role.value} instance")
@@ -112,7 +116,7 @@ class Flow:
                 if not error.retryable:
                     raise
                 self.metrics.retries.labels(role.value, instance.url).inc()
-                tried.add(instance.url)
+                tried |= {instance.url}
                 last = error
         assert last is not None
         raise last
@@ -163,7 +167,7 @@ class Flow:
         self.metrics.count_backend(prefill.role.value, prefill.url)
         with Outstanding(prefill):
             try:
-                with TimeLimit(self.options.timeouts.prefill):
+                with self.deadlines.limit(self.options.timeouts.prefill):
                     answer = await self.backend.post_json(
                         prefill.url + request.path,
                         kv.prefill_body(body, protocol, transfer_id),
@@ -209,11 +213,10 @@ class Flow:
         started = time.perf_counter()
         limit = self.options.timeouts.first_token
         try:
-            with TimeLimit(limit):
+            with self.deadlines.limit(limit):
                 response = await self.backend.open(
                     instance.url + request.path, body, role=instance.role.value, headers=headers
                 )
-                content_type = response.headers.get("content-type", "application/json")
                 if request.stream:
                     body_chunks = response.chunks().__aiter__()
                     first = await _first_chunk(body_chunks, response.url)
@@ -228,7 +231,7 @@ class Flow:
             raise
         self.metrics.observe_stage("first_token", time.perf_counter() - started)
         chunks = _rest(body_chunks, response.url, limit) if request.stream else None
-        return Answer(response.status, content_type, first, chunks, instance.url, release)
+        return Answer(response.status, response.content_type, first, chunks, instance.url, release)
 
 
 async def _first_chunk(chunks: AsyncIterator[bytes], url: str) -> bytes:
@@ -258,33 +261,6 @@ async def _rest(chunks: AsyncIterator[bytes], url: str, idle_limit: float) -> As
                 yield chunk
     finally:
         guard.cancel()
-
-
-class TimeLimit:
-    """`asyncio.timeout` for the request path: TimeoutError when the block takes longer than `seconds`. It is a
-    plain context manager over one timer, without asyncio.timeout's rescheduling and state checks, and must be
-    entered inside the task it limits."""
-
-    __slots__ = ("_expired", "_handle", "_seconds", "_task")
-
-    def __init__(self, seconds: float) -> None:
-        self._seconds = seconds
-        self._expired = False
-
-    def __enter__(self) -> None:
-        task = asyncio.current_task()
-        assert task is not None, "TimeLimit outside a task"
-        self._task = task
-        self._handle = task.get_loop().call_later(self._seconds, self._expire)
-
-    def _expire(self) -> None:
-        self._expired = True
-        self._task.cancel()
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _: object) -> None:
-        self._handle.cancel()
-        if self._expired and kind is asyncio.CancelledError and self._task.uncancel() == 0:
-            raise TimeoutError from exc
 
 
 class _StallGuard:

@@ -13,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from urllib.parse import urlsplit
 
 import httptools
+
+_JSON_CONTENT_TYPE = b"content-type: application/json\r\n"
 
 
 class ConnectError(ConnectionError):
@@ -56,8 +58,9 @@ class _Connection(asyncio.Protocol):
 
     # httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self.response is not None:
-            self.response.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        # The proxy reads one header of an answer; the others are not decoded.
+        if len(name) == 12 and self.response is not None and name.lower() == b"content-type":
+            self.response.content_type = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
         if self.response is not None:
@@ -82,7 +85,8 @@ class Response:
     def __init__(self, url: str, connection: _Connection, pool: Pool, loop: asyncio.AbstractEventLoop) -> None:
         self.url = url
         self.status = 0
-        self.headers: dict[str, str] = {}
+        self.content_type = "application/json"
+        """The answer's content-type (the proxy's default when it sent none)."""
         self.complete = False
         self._connection = connection
         self._pool = pool
@@ -222,13 +226,22 @@ class Pool:
         return found
 
     async def request(
-        self, method: str, url: str, body: bytes = b"", headers: dict[str, str] | None = None
+        self,
+        method: str,
+        url: str,
+        body: bytes = b"",
+        headers: Mapping[str, str] | None = None,
+        *,
+        json: bool = False,
     ) -> Response:
-        """Send the request; the Response once its status and headers arrived."""
+        """Send the request (`json`: its body is JSON); the Response once its status and headers arrived."""
         peer, target = self._target(url)
         head = [method.encode(), target, b"content-length: %d\r\n" % len(body)]
-        for name, value in (headers or {}).items():
-            head.append(f"{name}: {value}\r\n".encode("latin-1"))
+        if json:
+            head.append(_JSON_CONTENT_TYPE)
+        if headers:
+            for name, value in headers.items():
+                head.append(f"{name}: {value}\r\n".encode("latin-1"))
         head.append(b"\r\n")
         head.append(body)
         payload = b"".join(head)

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """What routing needs to know about one instance."""
+class Candidate(NamedTuple):
+    """What routing needs to know about one instance (a tuple: the roster makes them on every request)."""
 
     key: str
     """A stable identity (the base URL)."""
@@ -52,12 +51,16 @@ def least_outstanding(
     candidates: Sequence[Candidate], exclude: frozenset[str] = frozenset(), tiebreak: int = 0
 ) -> str | None:
     """The healthy, not excluded instance with the fewest outstanding requests; ties rotate with `tiebreak`."""
-    pool = [c for c in candidates if c.healthy and c.key not in exclude]
-    if not pool:
-        return None
-    fewest = min(c.outstanding for c in pool)
-    tied = [c for c in pool if c.outstanding == fewest]
-    return tied[tiebreak % len(tied)].key
+    tied: list[str] = []
+    fewest = 0
+    for candidate in candidates:
+        if not candidate.healthy or candidate.key in exclude:
+            continue
+        if not tied or candidate.outstanding < fewest:
+            fewest, tied = candidate.outstanding, [candidate.key]
+        elif candidate.outstanding == fewest:
+            tied.append(candidate.key)
+    return tied[tiebreak % len(tied)] if tied else None
 
 
 def pick_dp_rank(dp_size: int, counter: int) -> int | None:

@@ -16,7 +16,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from epd_connectors.config.bundle import PROXY_LIVENESS_PATH, PROXY_READINESS_PATH
@@ -70,26 +70,25 @@ class ProxyApp:
         self._discovery_task: asyncio.Task[None] | None = None
         self._probe = probe
 
-    async def __call__(self, request: Request, reply: Reply) -> None:
+    def __call__(self, request: Request, reply: Reply) -> Awaitable[None]:
+        """The route's coroutine, returned rather than awaited: one frame fewer on every request's await chain."""
         path, method = request.path, request.method
         if path in COMPLETION_PATHS:
             if method != "POST":
-                await _send_json(reply, 405, {"error": {"message": f"{path} takes POST", "code": 405}})
-                return
-            await self._completion(request, reply)
-        elif path == PROXY_READINESS_PATH and method in ("GET", "HEAD"):
+                return _send_json(reply, 405, {"error": {"message": f"{path} takes POST", "code": 405}})
+            return self._completion(request, reply)
+        if path == PROXY_READINESS_PATH and method in ("GET", "HEAD"):
             roles = self.roster.healthy_roles()
             ok = all(roles.values())
             payload = {"status": "healthy" if ok else "unhealthy", "roles": {r.value: v for r, v in roles.items()}}
-            await _send_json(reply, 200 if ok else 503, payload)
-        elif path == PROXY_LIVENESS_PATH and method in ("GET", "HEAD"):
-            await _send_json(reply, 200, {"status": "serving"})
-        elif path == "/metrics" and method == "GET":
-            await reply.send(200, CONTENT_TYPE.encode(), self.metrics.render(self.roster))
-        elif path == "/v1/models" and method == "GET":
-            await self._models(reply)
-        else:
-            await _send_json(reply, 404, {"error": {"message": f"no route {method} {path}", "code": 404}})
+            return _send_json(reply, 200 if ok else 503, payload)
+        if path == PROXY_LIVENESS_PATH and method in ("GET", "HEAD"):
+            return _send_json(reply, 200, {"status": "serving"})
+        if path == "/metrics" and method == "GET":
+            return reply.send(200, CONTENT_TYPE.encode(), self.metrics.render(self.roster))
+        if path == "/v1/models" and method == "GET":
+            return self._models(reply)
+        return _send_json(reply, 404, {"error": {"message": f"no route {method} {path}", "code": 404}})
 
     @staticmethod
     def error_body(status: int, message: str) -> bytes:
@@ -129,19 +128,6 @@ class ProxyApp:
             return
         request = ClientRequest(endpoint, body, _request_id(client), raw)
         self.metrics.counts.in_flight += 1
-        try:
-            await self._serve(request, reply)
-        except asyncio.CancelledError:
-            if not reply.gone:
-                raise
-            # The client went away: cancelling closed every backend request made for it.
-            self.metrics.count_request(endpoint, "499")
-            raise
-        finally:
-            self.metrics.counts.in_flight -= 1
-            self.metrics.observe_stage("total", time.perf_counter() - started)
-
-    async def _serve(self, request: ClientRequest, reply: Reply) -> None:
         answer: Answer | None = None
         try:
             with self.deadlines.limit(self.options.timeouts.total):
@@ -156,33 +142,40 @@ class ProxyApp:
                     async for chunk in answer.chunks:
                         await reply.write(chunk)
                     await reply.end()
-            self.metrics.count_request(request.path, str(answer.status))
+            self.metrics.count_request(endpoint, str(answer.status))
         except asyncio.CancelledError:
+            if reply.gone:
+                # The client went away: cancelling closed every backend request made for it.
+                self.metrics.count_request(endpoint, "499")
             raise
         except Exception as exc:
-            error = (
-                exc
-                if isinstance(exc, ProxyError)
-                else from_client_error(exc, "decode", answer.instance if answer else "")
-            )
-            if isinstance(exc, TimeoutError):
-                error = ProxyError(f"the request took longer than {self.options.timeouts.total} s")
-                error.status, error.kind = 504, "timeout"
-            if not reply.started:
-                await self._fail(reply, request.path, error)
-                return
-            # Mid-stream: the status is sent; end the stream with an error event the client can read.
-            self.metrics.count_request(request.path, "mid_stream_error")
-            if answer is not None:
-                self.metrics.backend_errors.labels(
-                    self.roster.generator_role.value, answer.instance, "mid_stream"
-                ).inc()
-            event = b"data: " + dumps(error.body()) + b"\n\ndata: [DONE]\n\n"
-            with contextlib.suppress(Exception):
-                await reply.end(event)
+            await self._answer_failure(request, reply, answer, exc)
         finally:
             if answer is not None:
-                await answer.close()
+                answer.close()
+            self.metrics.counts.in_flight -= 1
+            self.metrics.observe_stage("total", time.perf_counter() - started)
+
+    async def _answer_failure(
+        self, request: ClientRequest, reply: Reply, answer: Answer | None, exc: Exception
+    ) -> None:
+        """The error answer, or the error event that ends a stream already under way."""
+        error = (
+            exc if isinstance(exc, ProxyError) else from_client_error(exc, "decode", answer.instance if answer else "")
+        )
+        if isinstance(exc, TimeoutError):
+            error = ProxyError(f"the request took longer than {self.options.timeouts.total} s")
+            error.status, error.kind = 504, "timeout"
+        if not reply.started:
+            await self._fail(reply, request.path, error)
+            return
+        # Mid-stream: the status is sent; end the stream with an error event the client can read.
+        self.metrics.count_request(request.path, "mid_stream_error")
+        if answer is not None:
+            self.metrics.backend_errors.labels(self.roster.generator_role.value, answer.instance, "mid_stream").inc()
+        event = b"data: " + dumps(error.body()) + b"\n\ndata: [DONE]\n\n"
+        with contextlib.suppress(Exception):
+            await reply.end(event)
 
     async def _fail(self, reply: Reply, endpoint: str, error: ProxyError) -> None:
         self.metrics.count_request(endpoint, str(error.status))

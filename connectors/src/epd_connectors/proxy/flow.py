@@ -41,7 +41,7 @@ DP_RANK_HEADER = "X-data-parallel-rank"
 """vLLM's header naming the data-parallel replica that must serve a request (the one the encoder pushed to)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class ClientRequest:
     """What the app parsed from the client."""
 
@@ -57,7 +57,7 @@ class ClientRequest:
         return bool(self.body.get("stream", False))
 
 
-@dataclass
+@dataclass(slots=True)
 class Answer:
     """The generating instance's answer. `chunks` yields the rest of a stream after `first`; for a complete
     answer `first` is the whole body and `chunks` is empty. `close` releases the backend (always call it)."""
@@ -69,7 +69,7 @@ class Answer:
     instance: str = ""
     _release: Callable[[], None] | None = None
 
-    async def close(self) -> None:
+    def close(self) -> None:
         if self._release is not None:
             self._release()
             self._release = None
@@ -89,12 +89,14 @@ class Flow:
         self.encode = EncodeStage(roster, backend, options, metrics)
         self._tiebreak = 0
 
-    async def run(self, request: ClientRequest) -> Answer:
+    def run(self, request: ClientRequest) -> Awaitable[Answer]:
+        """The answer to `request` (awaitable; not a coroutine of its own, which would be one more frame for
+        every request's await chain to pass)."""
         items = find_media(request.body) if request.path.endswith("/chat/completions") else []
         if items and Role.ENCODER not in self.roster.roles:
             items = []  # no encoder pool: the consumer encodes the media itself
         role = self.roster.consumer_role
-        return await self._with_retries(role, lambda consumer: self._via_consumer(request, items, consumer))
+        return self._with_retries(role, lambda consumer: self._via_consumer(request, items, consumer))
 
     async def _with_retries(self, role: Role, attempt: Callable[[Instance], Awaitable[Answer]]) -> Answer:
         """`attempt` on the least-loaded healthy instance of `role`, then on others while the failure is
@@ -121,14 +123,27 @@ class Flow:
         assert last is not None
         raise last
 
-    async def _via_consumer(self, request: ClientRequest, items: list[MediaItem], consumer: Instance) -> Answer:
-        """Encode for this consumer, then prefill+decode or PD."""
+    def _via_consumer(self, request: ClientRequest, items: list[MediaItem], consumer: Instance) -> Awaitable[Answer]:
+        """Encode for this consumer, then prefill+decode or PD. A text request to PD instances goes straight to
+        `_generate` (the common case, without a coroutine frame of its own)."""
         dp_rank = routing.pick_dp_rank(max(1, len(consumer.spec.ec_addresses)), consumer.dp_counter)
         consumer.dp_counter += 1
-        zmq = consumer.spec.ec_addresses[dp_rank or 0] if consumer.spec.ec_addresses else None
         headers = {"x-request-id": request.request_id}
         if dp_rank is not None:
             headers[DP_RANK_HEADER] = str(dp_rank)
+        if not items and not self.roster.split:
+            return self._generate(request, consumer, request.raw or request.body, headers)
+        zmq = consumer.spec.ec_addresses[dp_rank or 0] if consumer.spec.ec_addresses else None
+        return self._encode_then_generate(request, items, consumer, zmq, headers)
+
+    async def _encode_then_generate(
+        self,
+        request: ClientRequest,
+        items: list[MediaItem],
+        consumer: Instance,
+        zmq: str | None,
+        headers: dict[str, str],
+    ) -> Answer:
         body = request.body
         if items:
             # Counted against the consumer while its media are encoded, so concurrent requests spread over

@@ -82,6 +82,22 @@ class _Connection(asyncio.Protocol):
 class Response:
     """An answer arriving on a connection; `release` (after reading to the end) or `close` it."""
 
+    __slots__ = (
+        "_chunks",
+        "_connection",
+        "_error",
+        "_head",
+        "_keep_alive",
+        "_loop",
+        "_pool",
+        "_waiter",
+        "complete",
+        "content_type",
+        "received_any",
+        "status",
+        "url",
+    )
+
     def __init__(self, url: str, connection: _Connection, pool: Pool, loop: asyncio.AbstractEventLoop) -> None:
         self.url = url
         self.status = 0
@@ -121,9 +137,6 @@ class Response:
         if not self._head.done():
             self._head.set_exception(exc)
         self._wake()
-
-    async def _wait_head(self) -> None:
-        await self._head
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body as it arrives (what arrived together comes as one piece: one write onward instead of one
@@ -258,7 +271,7 @@ class Pool:
             assert connection.transport is not None
             connection.transport.write(payload)
             try:
-                await response._wait_head()
+                await response._head
             except OSError:
                 connection.response = None
                 if connection.transport is not None:

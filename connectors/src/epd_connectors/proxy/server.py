@@ -43,14 +43,21 @@ _REASONS = {
     503: b"Service Unavailable",
     504: b"Gateway Timeout",
 }
-_STATUS_LINES: dict[int, bytes] = {}
+_HEAD_STARTS: dict[tuple[int, bytes], bytes] = {}
 
 
 def _status_line(status: int) -> bytes:
-    line = _STATUS_LINES.get(status)
-    if line is None:
-        line = _STATUS_LINES[status] = b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Status"))
-    return line
+    return b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Status"))
+
+
+def _head_start(status: int, content_type: bytes) -> bytes:
+    """The status line and content-type header, made once per pair (a proxy answers with a handful)."""
+    start = _HEAD_STARTS.get((status, content_type))
+    if start is None:
+        start = _status_line(status) + b"content-type: %s\r\n" % content_type
+        if len(_HEAD_STARTS) < 256:  # content types come from backends: bounded, but not by us
+            _HEAD_STARTS[(status, content_type)] = start
+    return start
 
 
 class Request:
@@ -95,8 +102,8 @@ class Reply:
     def started(self) -> bool:
         return self._started
 
-    def _head(self, status: int, headers: Iterable[Header], framing: bytes) -> bytes:
-        parts = [_status_line(status)]
+    def _head(self, status: int, content_type: bytes, headers: Iterable[Header], framing: bytes) -> bytes:
+        parts = [_head_start(status, content_type)]
         for name, value in headers:
             parts.append(b"%s: %s\r\n" % (name, value))
         parts.append(framing)
@@ -107,7 +114,7 @@ class Reply:
 
     async def send(self, status: int, content_type: bytes, body: bytes, headers: Iterable[Header] = ()) -> None:
         """The whole answer in one write."""
-        head = self._head(status, ((b"content-type", content_type), *headers), b"content-length: %d\r\n" % len(body))
+        head = self._head(status, content_type, headers, b"content-length: %d\r\n" % len(body))
         self._started = True
         self.complete = True
         self._connection.write_last(head if self._head_only else head + body, self._keep_alive)
@@ -118,7 +125,7 @@ class Reply:
         if not self._chunked:
             self._keep_alive = False
         framing = _CHUNKED if self._chunked else b""
-        self._connection.hold(self._head(status, ((b"content-type", content_type), *headers), framing))
+        self._connection.hold(self._head(status, content_type, headers, framing))
 
     async def write(self, chunk: bytes) -> None:
         """One piece of a streamed answer; waits while the client reads slower than the answer comes."""

@@ -283,6 +283,9 @@ class Operator:
             str(self.metrics_port),
             "--liveness",
             f"http://127.0.0.1:{self.liveness_port}/healthz",
+            # The masters here are simulated pods: nothing may be sent to their addresses.
+            "--store-poll-interval",
+            "0",
             *self.extra,
         ]
 

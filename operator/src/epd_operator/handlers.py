@@ -69,7 +69,8 @@ async def startup(memo: Any, **_: Any) -> None:
     defaults: OperatorDefaults = memo.defaults
     metrics: Metrics = memo.metrics
     concurrency: int = memo.concurrent_reconciles
-    memo.runtime = Runtime(await _kube.Client.connect(connection), defaults, metrics, concurrency)
+    poll: float = memo.store_poll_interval_s
+    memo.runtime = Runtime(await _kube.Client.connect(connection), defaults, metrics, concurrency, poll)
 
 
 @kopf.on.cleanup(registry=registry)

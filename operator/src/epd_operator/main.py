@@ -44,6 +44,7 @@ def run(settings: Settings) -> None:
     memo.defaults = settings.defaults
     memo.metrics = metrics
     memo.concurrent_reconciles = settings.concurrent_reconciles
+    memo.store_poll_interval_s = settings.store_poll_interval_s
     kopf.run(
         registry=handlers.registry,
         settings=kopf_settings(settings),

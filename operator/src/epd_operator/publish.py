@@ -39,6 +39,7 @@ async def publish(state: State, tracked: Tracked) -> None:
         previous=tracked.status,
         now=status.now(),
         blocked=tracked.blocked,
+        store=tracked.store,
     )
     new = status.compute(facts)
     if new == tracked.status:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from epd_connectors.config.layered import Layered
 from epd_operator._kube import Connection
-from epd_operator.api.resource import OperatorDefaults
+from epd_operator.api.resource import OperatorDefaults, OperatorPeer
 
 DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
 """kopf's liveness endpoint: it answers once the operator has connected and while it keeps watching."""
@@ -23,6 +23,9 @@ DEFAULT_CONCURRENT_RECONCILES = 4
 """Enough to keep the API server busy; more only interleaves the requests so that every deployment finishes
 late (measured: 50 deployments at once, bench/operator)."""
 
+DEFAULT_STORE_POLL_INTERVAL_S = 15.0
+"""Seconds between readings of each store master's /health and /metrics (status.store, StoreReady); 0 turns
+reading off (then StoreReady counts pods alone)."""
 ENV_PREFIX = "EPD_OPERATOR_"
 
 
@@ -46,6 +49,9 @@ class Settings:
     """Where the API server is."""
     concurrent_reconciles: int = DEFAULT_CONCURRENT_RECONCILES
     """Deployments applied at the same time (the rest wait their turn; status updates never wait)."""
+    store_poll_interval_s: float = DEFAULT_STORE_POLL_INTERVAL_S
+    """Seconds between readings of a store master; 0: never read one (an operator whose masters are simulated
+    pods, or that cannot reach the pods' network)."""
     verbose: bool = False
     debug: bool = False
 
@@ -79,6 +85,17 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         help=f"deployments applied at the same time ({DEFAULT_CONCURRENT_RECONCILES})",
     )
+    p.add_argument(
+        "--store-poll-interval",
+        type=float,
+        help=f"seconds between readings of each store master, 0 to never read one ({DEFAULT_STORE_POLL_INTERVAL_S:g})",
+    )
+    p.add_argument(
+        "--pod-namespace",
+        help="the operator's own namespace in the cluster: stores' NetworkPolicies admit it to the master's metrics "
+        "port (with --pod-labels)",
+    )
+    p.add_argument("--pod-labels", help="the operator pods' labels, k=v,k=v (with --pod-namespace)")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
     p.add_argument("--context", help="kubeconfig context (default: its current-context)")
     p.add_argument("-v", "--verbose", action="store_true", default=None, help="log more")
@@ -111,9 +128,21 @@ def parse(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Settings:
             proxy_image=given.value("proxy_image", base.proxy_image, str) or base.proxy_image,
             mooncake_image=given.value("mooncake_image", base.mooncake_image, str) or base.mooncake_image,
             gpu_resource=given.value("gpu_resource", base.gpu_resource, str) or base.gpu_resource,
+            operator_peer=_operator_peer(given.value("pod_namespace", "", str), given.value("pod_labels", "", str)),
         ),
+        store_poll_interval_s=max(0.0, given.value("store_poll_interval", DEFAULT_STORE_POLL_INTERVAL_S, float)),
         concurrent_reconciles=max(1, given.value("concurrent_reconciles", DEFAULT_CONCURRENT_RECONCILES, int)),
         connection=Connection(kubeconfig=args.kubeconfig or environ.get("KUBECONFIG"), context=args.context),
         verbose=given.switch("verbose"),
         debug=given.switch("debug"),
     )
+
+
+def _operator_peer(namespace: str, labels: str) -> OperatorPeer | None:
+    """Where the operator's own pods are, for the stores' NetworkPolicies; None outside a cluster."""
+    if not namespace and not labels:
+        return None
+    pairs = [item.partition("=") for item in labels.split(",") if item.strip()]
+    if not namespace or not pairs or any(not key.strip() or not sep for key, sep, _ in pairs):
+        raise SettingsError("give --pod-namespace NS and --pod-labels k=v,k=v together (the chart sets both)")
+    return OperatorPeer(namespace, tuple((key.strip(), value.strip()) for key, _, value in pairs))

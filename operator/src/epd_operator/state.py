@@ -21,7 +21,7 @@ from typing import Any
 from epd_operator import _kube, apply, events, pacing, status
 from epd_operator.api import constants as c
 from epd_operator.api.resource import OperatorDefaults, Owner
-from epd_operator.api.status import EPDDeploymentStatus
+from epd_operator.api.status import EPDDeploymentStatus, StoreStatus
 from epd_operator.metrics import Metrics
 from epd_operator.render import Desired
 
@@ -57,6 +57,10 @@ class Tracked:
     """metadata and spec as last reconciled, for that retry."""
     failure: str = ""
     """The message of the last ApplyFailed Event, so a failure retried unchanged is announced once."""
+    store: StoreStatus | None = None
+    """The store master's last report (store_watch); None without a store or while it is not read."""
+    store_watch: asyncio.Task[None] | None = None
+    """The task reading the master, while the deployment has a store and reading is on."""
 
     @property
     def key(self) -> Key:
@@ -94,8 +98,11 @@ class State:
         defaults: OperatorDefaults,
         metrics: Metrics,
         concurrent_syncs: int,
+        store_poll_interval_s: float = 0.0,
     ) -> None:
         self.client, self.defaults, self.metrics = client, defaults, metrics
+        self.store_poll_interval_s = store_poll_interval_s
+        """Seconds between readings of each store master; 0: none (store_watch)."""
         # Fifty syncs at once all finish late (their requests interleave); a few at a time finish one after
         # another, so the pods of the first start while the rest are still being applied.
         self.syncs = asyncio.Semaphore(concurrent_syncs)
@@ -154,6 +161,8 @@ class State:
     def forget(self, namespace: str, name: str) -> None:
         """The EPDDeployment is gone (its children follow through garbage collection)."""
         tracked = self.deployments.pop((namespace, name), None)
+        if tracked is not None and tracked.store_watch is not None:
+            tracked.store_watch.cancel()
         if tracked is not None and tracked.desired is not None:
             keys = [apply.key_of(o) for o in tracked.desired.objects]
             self.applied.forget(namespace, keys)

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from epd_connectors.config.roles import Role
 from epd_operator import _kube
 from epd_operator.api import constants as c
-from epd_operator.api.status import Condition, EPDDeploymentStatus, Phase, RoleStatus
+from epd_operator.api.status import Condition, EPDDeploymentStatus, Phase, RoleStatus, StoreStatus
 from epd_operator.render import Derived, RoleWorkload
 
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -58,6 +58,10 @@ REASON_NAME_CONFLICT = "NameConflict"
 """Another EPDDeployment controls an object of a name this one's children need (apply.conflicts)."""
 REASON_APPLY_FAILED = "ApplyFailed"
 """The API server refused a child (its message follows)."""
+REASON_MASTER_UNREACHABLE = "MasterUnreachable"
+"""The store's pods are ready, but the master does not answer the operator or does not serve."""
+REASON_NO_CAPACITY = "NoStoreCapacity"
+"""The master serves, but no segment is mounted: every put would fail."""
 PROGRESS_REASONS = frozenset({REASON_MISSING, REASON_ROLLING})
 """Reasons that mean "on its way", not "broken"."""
 
@@ -149,6 +153,9 @@ class Facts:
     """(reason, message) when the valid spec of `generation` could not be applied: a name conflict, or a child
     the API server refused. The generation still counts as observed (the operator acted on it, and Ready says
     why it failed); `observed` is then the last render that was applied, if any."""
+    store: StoreStatus | None = None
+    """The master's last report (store_health); None without a store or while the operator does not read it,
+    and then StoreReady counts pods alone."""
 
 
 def condition(
@@ -201,6 +208,26 @@ def _role_condition(
     )
 
 
+def _with_store(facts: Facts, pods: Condition) -> Condition:
+    """StoreReady with the master's own report: ready pods are not enough when the master does not serve or
+    the pool has no memory."""
+    store = facts.store
+    if store is None or pods.status != "True" or pods.reason == REASON_NOT_REQUIRED:
+        return pods
+    if not store.reachable:
+        message = f"{pods.message}; but the master does not answer the operator: {store.message}"
+        return condition(
+            facts.previous, pods.type, "False", reason=REASON_MASTER_UNREACHABLE, message=message, facts=facts
+        )
+    if store.capacity_bytes <= 0:
+        message = (
+            f"{pods.message}; but no segment is mounted at the master, so every put fails: the store clients "
+            "have not registered (see their logs)"
+        )
+        return condition(facts.previous, pods.type, "False", reason=REASON_NO_CAPACITY, message=message, facts=facts)
+    return pods
+
+
 def _phase(facts: Facts, conditions: Sequence[Condition], ready_total: int) -> Phase:
     by_type = {x.type: x for x in conditions}
     if by_type[c.COND_VALID].status != "True":
@@ -226,6 +253,7 @@ def compute(facts: Facts) -> EPDDeploymentStatus:
     else:
         valid = condition(prev, c.COND_VALID, "True", reason=REASON_VALID, message="the spec is valid", facts=facts)
     role_conditions = [_role_condition(facts, observed, kind, roles, absent) for kind, roles, absent in ROLE_CONDITIONS]
+    role_conditions = [_with_store(facts, x) if x.type == c.COND_STORE_READY else x for x in role_conditions]
     if facts.problems:
         message = "fix the spec (see Valid); " + (
             "the children still follow the last valid spec" if observed is not None else "nothing was created"
@@ -268,6 +296,7 @@ def compute(facts: Facts) -> EPDDeploymentStatus:
         store_tp_size=derived.store_tp_size if derived else prev.store_tp_size,
         roles=roles,
         roles_ready=roles_ready,
+        store=facts.store,
         conditions=conditions,
     )
 

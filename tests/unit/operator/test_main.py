@@ -8,7 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from epd_operator import apply, handlers, main, settings
-from epd_operator.api.resource import OperatorDefaults
+from epd_operator.api.resource import OperatorDefaults, OperatorPeer
 from epd_operator.metrics import Metrics
 
 pytestmark = pytest.mark.unit
@@ -107,3 +107,18 @@ def test_metrics_sum_over_deployments() -> None:
     m.duration.observe(0.02)
     assert value("epd_operator_reconciles_total", outcome="changed") == 1
     assert value("epd_operator_reconcile_duration_seconds_count") == 1
+
+
+def test_the_operators_own_pods_and_the_store_reading_interval() -> None:
+    s = parse("-A", "--pod-namespace", "epd-system", "--pod-labels", "app.kubernetes.io/name=epd-operator,x=y")
+    assert s.defaults.operator_peer == OperatorPeer(
+        "epd-system", (("app.kubernetes.io/name", "epd-operator"), ("x", "y"))
+    )
+    assert (
+        s.store_poll_interval_s == settings.DEFAULT_STORE_POLL_INTERVAL_S and parse("-A").defaults.operator_peer is None
+    )
+    assert parse("-A", "--store-poll-interval", "0").store_poll_interval_s == 0
+    with pytest.raises(settings.SettingsError, match="--pod-namespace NS and --pod-labels"):
+        parse("-A", "--pod-namespace", "epd-system")
+    with pytest.raises(settings.SettingsError, match="--pod-labels"):
+        parse("-A", "--pod-namespace", "epd-system", "--pod-labels", "novalue")

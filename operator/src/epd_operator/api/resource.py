@@ -37,6 +37,15 @@ class Owner:
 
 
 @dataclass(frozen=True)
+class OperatorPeer:
+    """The operator's own pods in the cluster."""
+
+    namespace: str
+    labels: tuple[tuple[str, str], ...]
+    """Labels every operator pod has (the chart's selector labels)."""
+
+
+@dataclass(frozen=True)
 class OperatorDefaults:
     """What the operator fills in where a spec is silent (set from Helm values / command-line flags)."""
 
@@ -48,6 +57,9 @@ class OperatorDefaults:
     """Image of the Mooncake master and store-client pods."""
     gpu_resource: str = c.GPU_RESOURCE
     """Extended resource name of a GPU."""
+    operator_peer: OperatorPeer | None = None
+    """Where the operator runs: a store master's NetworkPolicy admits it to the metrics port, where the operator
+    reads the store's health. None outside a cluster (nothing to admit)."""
 
 
 class InvalidSpecError(ConfigError):

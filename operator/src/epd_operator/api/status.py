@@ -39,6 +39,40 @@ class Condition(ApiModel):
     """When status last changed (RFC 3339); kept while the status stays the same."""
 
 
+class TenantUse(ApiModel):
+    """This deployment's tenant in a store with tenant isolation, as the master accounts it."""
+
+    name: str
+    """The tenant id."""
+    quota_bytes: int = 0
+    """The tenant's effective quota."""
+    used_bytes: int = 0
+    """Bytes charged against it."""
+    over_quota: bool = False
+    """The master refuses the tenant's puts (mooncake_tenant_quota_over_quota)."""
+
+
+class StoreStatus(ApiModel):
+    """The Mooncake store as its master reports it (read from the master's /health and /metrics)."""
+
+    reachable: bool = False
+    """The master answered and serves."""
+    message: str = ""
+    """Why it is not reachable or not serving."""
+    capacity_bytes: int = 0
+    """Memory of every mounted segment together."""
+    used_bytes: int = 0
+    """Memory allocated to stored objects."""
+    key_count: int = 0
+    """Objects stored."""
+    mounted_clients: int = 0
+    """Clients the master counts as active."""
+    segments: list[str] = []
+    """Mounted segments (the address of the process that holds each)."""
+    tenant: TenantUse | None = None
+    """This deployment's tenant, when the master isolates tenants."""
+
+
 class EPDDeploymentStatus(ApiModel):
     """Observed state of an EPDDeployment."""
 
@@ -60,5 +94,7 @@ class EPDDeploymentStatus(ApiModel):
     """Per role (master, storeClients, encoder, prefill, decode, pd, proxy)."""
     roles_ready: dict[str, str] = {}
     """"ready/desired" per role, for kubectl's columns."""
+    store: StoreStatus | None = None
+    """The store as its master reports it; unset without spec.store or while the operator does not read it."""
     conditions: list[Condition] = []
     """Valid, StoreReady, EncodersReady, PrefillReady, DecodeReady, ProxyReady, Ready."""

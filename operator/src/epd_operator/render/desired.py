@@ -33,6 +33,10 @@ class Derived:
     store_tp_size: int
     python_hash_seed: int
     endpoint: str
+    master_health_url: str | None = None
+    """The Mooncake master's /health through its Service; None without a store."""
+    master_metrics_url: str | None = None
+    """The master's /metrics through its Service; None without a store."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,7 @@ def render_desired(owner: Owner, spec: EPDDeploymentSpec, defaults: OperatorDefa
     rendered += [o for u in all_units if u.role == Role.PROXY for o in proxy.render_proxy_rbac(ctx, u)]
     workloads = [_workload(ctx, u, jsons[u.name]) for u in all_units]
     rendered += workloads
+    master = next((b.master for b in bundles.values() if b.master is not None), None)
     return Desired(
         objects=rendered,
         derived=Derived(
@@ -88,6 +93,8 @@ def render_desired(owner: Owner, spec: EPDDeploymentSpec, defaults: OperatorDefa
             store_tp_size=ctx.store_tp,
             python_hash_seed=ctx.hash_seed,
             endpoint=ctx.names.proxy_url(ctx.port(ctx.names.workload(Role.PROXY), ports.HTTP, spec.proxy.service.port)),
+            master_health_url=ctx.names.master_health_url(master) if master is not None else None,
+            master_metrics_url=ctx.names.master_metrics_url(master) if master is not None else None,
         ),
         workloads=[
             RoleWorkload(role=u.role, kind=w["kind"], name=u.name, replicas=w["spec"].get("replicas"))

@@ -17,6 +17,8 @@ from epd_operator.render import meta, objects
 from epd_operator.render.context import OFFLOAD_DIR, Context, Unit
 from epd_operator.render.pod import PodParams, Probes, http_get, pod_template, tcp_socket
 
+NAMESPACE_NAME_LABEL: Final = "kubernetes.io/metadata.name"
+"""The label Kubernetes gives every namespace: its name (a NetworkPolicy selects a namespace by it)."""
 MASTER_DEFAULT_REQUESTS: Final = {"cpu": "1", "memory": "2Gi"}
 """The master holds only metadata; 1 CPU and 2 GiB serve millions of keys."""
 STORE_WAIT_STARTUP_FAILURES: Final = 90
@@ -193,13 +195,23 @@ def render_store_network_policies(
       for the engine id), and http from anywhere (the API and vLLM's /metrics, what the role's Service
       serves), as before any policy selected these pods.
     - spec.store.metricsFrom (a scraper): the metrics port of the master and of the store clients.
+    - The operator's own pods (when it runs in the cluster): the master's metrics port, where it reads the
+      store's health for status.
     Kubelet probes come from the node, which policies do not filter."""
     users = store_user_roles(bundles)
     master_ports = _named(*ports.master_ports(store.master))
     scraped: list[dict[str, Any]] = []
     if store.metrics_from:
         scraped.append({"from": [_peer(p) for p in store.metrics_from], "ports": _named(ports.METRICS)})
-    policies = [_policy(ctx, Role.MASTER, [{"from": [_pods(ctx, users)], "ports": master_ports}, *scraped])]
+    master_ingress = [{"from": [_pods(ctx, users)], "ports": master_ports}, *scraped]
+    operator = ctx.defaults.operator_peer
+    if operator is not None:
+        reader = {
+            "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: operator.namespace}},
+            "podSelector": {"matchLabels": dict(operator.labels)},
+        }
+        master_ingress.append({"from": [reader], "ports": _named(ports.METRICS)})
+    policies = [_policy(ctx, Role.MASTER, master_ingress)]
     if store.mode == "standalone":
         policies.append(_policy(ctx, Role.STORE_CLIENT, [{"from": [_pods(ctx, users)]}, *scraped]))
     for role in segment_holder_roles(bundles):  # embedded mode only, so there are no store clients

@@ -150,6 +150,7 @@ def running_operator(local: cluster.Cluster, say: Callable[[str], None]) -> Iter
         "--metrics-host=127.0.0.1",
         f"--metrics-port={metrics_port}",
         f"--liveness={liveness}",
+        "--store-poll-interval=0",  # the fleet's masters are simulated pods: nothing may be sent to them
     ]
     log = local.files.logs / "operator.log"
     with log.open("ab") as out:

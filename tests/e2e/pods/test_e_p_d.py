@@ -161,6 +161,22 @@ def test_a_fresh_prompt_lands_in_the_store_under_the_deployments_prefix(epd: Rea
     assert epd.kv_prefix and all(epd.kv_prefix in key for key in keys)
 
 
+def test_the_status_reports_the_store_as_its_master_does(epd: RealEPD) -> None:
+    """The operator, in its own pod, reads the master through its Service (the cluster's DNS on the bridge) as
+    the store's users reach it: status.store holds the segment the store client mounted and the keys the prompts
+    above left."""
+
+    def reported() -> dict[str, Any] | None:
+        store: dict[str, Any] = epd.get().get("status", {}).get("store") or {}
+        return store if store.get("reachable") and store.get("keyCount", 0) > 0 else None
+
+    store = eventually(reported, "status.store with the prompts' keys", 90, poll_s=2)
+    assert store["capacityBytes"] == 256 * 1024**2, store  # the example's one client, segmentSize 256MiB
+    assert len(store["segments"]) == 1 and store["mountedClients"] >= 1 and store["usedBytes"] > 0, store
+    conditions = {x["type"]: x["status"] for x in epd.get()["status"]["conditions"]}
+    assert conditions[c.COND_STORE_READY] == "True", conditions
+
+
 def test_the_encoders_scale_to_two_under_load_and_the_proxy_follows(epd: RealEPD, load: Load) -> None:
     began = time.monotonic()
     patch(epd, {"encoder": {"replicas": 2}})

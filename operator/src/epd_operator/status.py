@@ -215,14 +215,17 @@ def _with_store(facts: Facts, pods: Condition) -> Condition:
     if store is None or pods.status != "True" or pods.reason == REASON_NOT_REQUIRED:
         return pods
     if not store.reachable:
-        message = f"{pods.message}; but the master does not answer the operator: {store.message}"
+        message = (
+            f"{pods.message}; but the master does not answer the operator: {store.message}. Check the master's "
+            "log, and that the operator reaches its metrics port (the chart admits the operator's pods)"
+        )
         return condition(
             facts.previous, pods.type, "False", reason=REASON_MASTER_UNREACHABLE, message=message, facts=facts
         )
     if store.capacity_bytes <= 0:
         message = (
-            f"{pods.message}; but no segment is mounted at the master, so every put fails: the store clients "
-            "have not registered (see their logs)"
+            f"{pods.message}; but no segment is mounted at the master, so every put fails: the pods that hold "
+            "the pool (store clients, or vLLM ranks in embedded mode) have not registered; see their logs"
         )
         return condition(facts.previous, pods.type, "False", reason=REASON_NO_CAPACITY, message=message, facts=facts)
     return pods

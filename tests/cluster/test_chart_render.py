@@ -8,6 +8,7 @@ operator would read differently fails here.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 import subprocess
@@ -93,9 +94,18 @@ WATCHED_RULES = (
 CRD_WATCH = flat("apiextensions.k8s.io", ["customresourcedefinitions"], ["list", "watch"])
 
 
+POD_FIELDS = {"metadata.namespace": NS, "metadata.name": "epd-epd-operator-0"}
+"""What the kubelet gives the downward API's fieldRefs here."""
+
+
 def env_of(deployment: dict[str, Any]) -> dict[str, str]:
+    """The operator container's environment, as the kubelet fills it in."""
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    return {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    given = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    fields = {
+        e["name"]: POD_FIELDS[e["valueFrom"]["fieldRef"]["fieldPath"]] for e in container["env"] if "valueFrom" in e
+    }
+    return {**given, **fields}
 
 
 # -- lint and the CRD
@@ -222,7 +232,8 @@ def test_operator_deployment_is_hardened_and_probed(tmp_path: pathlib.Path) -> N
 
 def test_image_defaults_reach_the_operator(tmp_path: pathlib.Path) -> None:
     default = operator_settings.parse([], env_of(one(template(OPERATOR_CHART, tmp_path), "Deployment")))
-    assert default.defaults == OperatorDefaults(), "the chart's defaults are the operator's"
+    images = dataclasses.replace(default.defaults, operator_peer=None)
+    assert images == OperatorDefaults(), "the chart's defaults are the operator's"
     docs = template(
         OPERATOR_CHART,
         tmp_path,
@@ -237,6 +248,19 @@ def test_image_defaults_reach_the_operator(tmp_path: pathlib.Path) -> None:
     assert parsed.defaults.vllm_image == "team/vllm-custom:0.33.0-1"
     assert parsed.defaults.gpu_resource == "amd.com/gpu"
     assert parsed.concurrent_reconciles == 9
+
+
+def test_the_operator_knows_its_pods_for_the_stores_policies_and_how_often_to_read_them(tmp_path: pathlib.Path) -> None:
+    deployment = one(template(OPERATOR_CHART, tmp_path), "Deployment")
+    settings = operator_settings.parse([], env_of(deployment))
+    peer = settings.defaults.operator_peer
+    assert peer is not None and peer.namespace == NS
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert dict(peer.labels) == deployment["spec"]["selector"]["matchLabels"]
+    assert dict(peer.labels).items() <= pod_labels.items()
+    assert settings.store_poll_interval_s == operator_settings.DEFAULT_STORE_POLL_INTERVAL_S
+    off = one(template(OPERATOR_CHART, tmp_path, "--set", "storePollIntervalSeconds=0"), "Deployment")
+    assert operator_settings.parse([], env_of(off)).store_poll_interval_s == 0
 
 
 def test_service_monitor_is_optional(tmp_path: pathlib.Path) -> None:

@@ -123,6 +123,7 @@ class State:
         tracked = self.deployments.get(key)
         if tracked is None or tracked.owner.uid != owner.uid:  # new, or deleted and created again
             tracked = Tracked(owner, status.parse(body.get("status")))
+            tracked.store = tracked.status.store  # kept until the first reading, so a restart does not blank it
             self.deployments[key] = tracked
             if tracked.status.conditions:  # written by an earlier process: counts until we write again
                 self.metrics.set_phase(key, tracked.status.phase)

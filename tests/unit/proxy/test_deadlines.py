@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import pytest
 
@@ -15,12 +17,20 @@ def test_the_sweep_runs_every_quarter_of_the_shortest_limit_at_most_every_second
     assert Deadlines(3600.0, 300.0).period_s == MAX_PERIOD_S
 
 
-async def _with_sweep(deadlines: Deadlines, work: asyncio.Future[float] | asyncio.Task[float]) -> float:
-    deadlines.start()
-    try:
-        return await work
-    finally:
-        await deadlines.stop()
+def run_swept(deadlines: Deadlines, work: Callable[[], Coroutine[Any, Any, float]], cancel_after: float = 0) -> float:
+    """`work` as a task while the sweep runs (cancelled from outside after `cancel_after` s, when given)."""
+
+    async def main() -> float:
+        deadlines.start()
+        try:
+            task = asyncio.create_task(work())
+            if cancel_after:
+                asyncio.get_running_loop().call_later(cancel_after, task.cancel)
+            return await task
+        finally:
+            await deadlines.stop()
+
+    return asyncio.run(main())
 
 
 def test_an_overdue_block_raises_timeout_within_a_sweep_period() -> None:
@@ -32,10 +42,7 @@ def test_an_overdue_block_raises_timeout_within_a_sweep_period() -> None:
             await asyncio.sleep(5)
         return time.monotonic() - started
 
-    async def main() -> float:
-        return await _with_sweep(deadlines, asyncio.create_task(overdue()))
-
-    elapsed = asyncio.run(main())
+    elapsed = run_swept(deadlines, overdue)
     assert 0.2 <= elapsed < 0.2 + deadlines.period_s + 0.2
 
 
@@ -51,10 +58,7 @@ def test_a_nested_limit_raises_for_itself_and_leaves_the_outer_one_running() -> 
             assert task is not None and task.cancelling() == 0
         return 0.0
 
-    async def main() -> float:
-        return await _with_sweep(deadlines, asyncio.create_task(nested()))
-
-    asyncio.run(main())
+    run_swept(deadlines, nested)
 
 
 def test_a_block_done_in_time_is_not_cancelled_later() -> None:
@@ -66,10 +70,7 @@ def test_a_block_done_in_time_is_not_cancelled_later() -> None:
         await asyncio.sleep(0.5)  # past the limit: the finished block's deadline is gone
         return 0.0
 
-    async def main() -> float:
-        return await _with_sweep(deadlines, asyncio.create_task(quick()))
-
-    asyncio.run(main())
+    run_swept(deadlines, quick)
 
 
 def test_a_cancellation_from_elsewhere_stays_a_cancellation() -> None:
@@ -80,10 +81,5 @@ def test_a_cancellation_from_elsewhere_stays_a_cancellation() -> None:
             await asyncio.sleep(5)
         return 0.0
 
-    async def main() -> float:
-        task = asyncio.create_task(cancelled())
-        asyncio.get_running_loop().call_later(0.1, task.cancel)
-        return await _with_sweep(deadlines, task)
-
     with pytest.raises(asyncio.CancelledError):
-        asyncio.run(main())
+        run_swept(deadlines, cancelled, cancel_after=0.1)

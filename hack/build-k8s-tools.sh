@@ -6,6 +6,7 @@
 #   helm     the helm client
 #   coredns  the real node's cluster DNS (only the plugins it uses)
 #   pause    the real node's pod sandbox process
+#   prometheus  the dashboard and alert tests' Prometheus (without discovery providers: static targets only)
 # No package registry ships these servers, so they are built from the official Go modules. A group is rebuilt
 # only when its inputs change (its module files, this script, the Go version): a stamp per group holds their
 # hash, so a warm run costs a few hashes and prints nothing.
@@ -35,18 +36,18 @@ esac
 # The version a module pins, read from its go.mod (quicker than asking go, and no network).
 pinned() { awk -v m="$2" '$1 == m { print $2; exit }' "$tools/$1/go.mod"; }
 
-# build GROUP OUTPUT PACKAGE LDFLAGS: go build when the group's inputs changed since the last build.
+# build GROUP OUTPUT PACKAGE LDFLAGS [TAGS]: go build when the group's inputs changed since the last build.
 build() {
-  local group=$1 out=$2 pkg=$3 ldflags=$4
+  local group=$1 out=$2 pkg=$3 ldflags=$4 group_tags=${5:-$tags}
   local stamp="$bin_dir/.stamp-$group" want
   want=$( (cat "$tools/$group"/go.mod "$tools/$group"/go.sum "$tools/$group"/*.go 2>/dev/null
-          cat "${BASH_SOURCE[0]}"; echo "$go_version $ldflags") | sha256sum | cut -d' ' -f1)
+          cat "${BASH_SOURCE[0]}"; echo "$go_version $ldflags $group_tags") | sha256sum | cut -d' ' -f1)
   if [ -x "$bin_dir/$out" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     return 0
   fi
   echo "build-k8s-tools: building $group (several minutes on a cold cache) ..."
   local start=$SECONDS
-  (cd "$tools/$group" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -tags "$tags" \
+  (cd "$tools/$group" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -tags "$group_tags" \
     -ldflags "$ldflags" -o "$bin_dir/$out.tmp" "$pkg")
   mv -f "$bin_dir/$out.tmp" "$bin_dir/$out"
   echo "$want" > "$stamp"
@@ -73,4 +74,8 @@ helm_version=$(pinned helm helm.sh/helm/v4)
 build helm helm helm.sh/helm/v4/cmd/helm \
   "-s -w -X helm.sh/helm/v4/internal/version.version=$helm_version -X helm.sh/helm/v4/internal/version.gitTreeState=clean"
 build coredns coredns . "-s -w"
+# Prometheus for the dashboard and alert tests: static targets only, so no discovery providers.
+prometheus_version=$(pinned prometheus github.com/prometheus/prometheus)
+build prometheus prometheus github.com/prometheus/prometheus/cmd/prometheus \
+  "-s -w -X github.com/prometheus/common/version.Version=$prometheus_version" "$tags,remove_all_sd"
 build pause pause . "-s -w"

@@ -67,8 +67,15 @@ class Metrics:
         )
         for phase in PHASES:
             self.deployments.labels(phase).set(0)
+        self.conditions = Gauge(
+            "epd_operator_condition",
+            "Each EPDDeployment's status conditions: 1 while True, 0 while False or Unknown (the alerts read it).",
+            ["namespace", "name", "type"],
+            registry=self.registry,
+        )
         self._objects: dict[DeploymentKey, Tally[str]] = {}
         self._phases: dict[DeploymentKey, str] = {}
+        self._condition_types: dict[DeploymentKey, set[str]] = {}
         self._kinds: set[str] = set()
 
     def set_objects(self, key: DeploymentKey, kinds: Mapping[str, int]) -> None:
@@ -81,8 +88,16 @@ class Metrics:
             self._phases[key] = phase
             self._publish_phases()
 
+    def set_conditions(self, key: DeploymentKey, conditions: Mapping[str, str]) -> None:
+        """One deployment's conditions by type, as status wrote them ("True", "False", "Unknown")."""
+        for kind, state in conditions.items():
+            self.conditions.labels(*key, kind).set(1 if state == "True" else 0)
+        self._condition_types.setdefault(key, set()).update(conditions)
+
     def forget(self, key: DeploymentKey) -> None:
-        """The deployment is gone: its children and its phase no longer count."""
+        """The deployment is gone: its children, its phase and its conditions no longer count."""
+        for kind in self._condition_types.pop(key, set()):
+            self.conditions.remove(*key, kind)
         if self._objects.pop(key, None) is not None:
             self._publish_objects()
         if self._phases.pop(key, None) is not None:

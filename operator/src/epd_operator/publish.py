@@ -48,6 +48,7 @@ async def publish(state: State, tracked: Tracked) -> None:
         return  # deleted meanwhile
     state.metrics.status_writes.inc()
     state.metrics.set_phase((owner.namespace, owner.name), new.phase)
+    state.metrics.set_conditions((owner.namespace, owner.name), {x.type: x.status for x in new.conditions})
     _announce_flips(state, tracked, new)
     tracked.status = new
 

@@ -122,3 +122,15 @@ def test_the_operators_own_pods_and_the_store_reading_interval() -> None:
         parse("-A", "--pod-namespace", "epd-system")
     with pytest.raises(settings.SettingsError, match="--pod-labels"):
         parse("-A", "--pod-namespace", "epd-system", "--pod-labels", "novalue")
+
+
+def test_condition_gauges_follow_the_status_and_go_with_the_deployment() -> None:
+    metrics = Metrics(CollectorRegistry())
+    metrics.set_conditions(("ns", "a"), {"Ready": "False", "StoreReady": "True"})
+    metrics.set_conditions(("ns", "b"), {"Ready": "True"})
+    value = metrics.registry.get_sample_value
+    assert value("epd_operator_condition", {"namespace": "ns", "name": "a", "type": "Ready"}) == 0
+    assert value("epd_operator_condition", {"namespace": "ns", "name": "a", "type": "StoreReady"}) == 1
+    metrics.forget(("ns", "a"))
+    assert value("epd_operator_condition", {"namespace": "ns", "name": "a", "type": "Ready"}) is None
+    assert value("epd_operator_condition", {"namespace": "ns", "name": "b", "type": "Ready"}) == 1

@@ -17,11 +17,13 @@ def test_affinity_ratio_and_roster_gauges() -> None:
         metrics.affinity_result(hit)
     roster = Roster.build({Role.PD: [InstanceSpec("http://a"), InstanceSpec("http://b")]})
     roster.instances()[0].healthy = True
+    roster.instances()[0].outstanding, roster.instances()[1].outstanding = 3, 2
     text = metrics.render(roster).decode()
     assert "epd_proxy_encoder_affinity_hit_ratio 0.75" in text
     assert 'epd_proxy_encoder_affinity_total{result="hit"} 3.0' in text
     assert 'epd_proxy_roster_instances{role="pd",state="healthy"} 1.0' in text
     assert 'epd_proxy_roster_instances{role="pd",state="unhealthy"} 1.0' in text
+    assert 'epd_proxy_backend_in_flight{role="pd"} 5.0' in text
 
 
 def test_every_family_is_exported() -> None:

@@ -91,6 +91,12 @@ class ProxyMetrics:
         self.roster = Gauge(
             "epd_proxy_roster_instances", "Known instances by role and health", ["role", "state"], registry=r
         )
+        self.backend_in_flight = Gauge(
+            "epd_proxy_backend_in_flight",
+            "Requests the proxy has outstanding at each role's instances",
+            ["role"],
+            registry=r,
+        )
         self.affinity = Counter(
             "epd_proxy_encoder_affinity",
             "Media items sent to their first-choice encoder (hit) or not (miss)",
@@ -129,10 +135,11 @@ class ProxyMetrics:
         self.affinity_ratio.set(self._hits / self._items)
 
     def render(self, roster: Roster) -> bytes:
-        """The exposition text, with the roster gauges read now."""
+        """The exposition text, with the roster and in-flight gauges read now (nothing per request)."""
         for role in roster.roles:
             instances = roster.instances(role)
             healthy = sum(1 for i in instances if i.healthy)
             self.roster.labels(role.value, "healthy").set(healthy)
             self.roster.labels(role.value, "unhealthy").set(len(instances) - healthy)
+            self.backend_in_flight.labels(role.value).set(sum(i.outstanding for i in instances))
         return generate_latest(self.registry)

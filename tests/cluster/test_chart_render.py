@@ -9,6 +9,7 @@ operator would read differently fails here.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import pathlib
 import subprocess
@@ -322,3 +323,19 @@ def test_deployment_chart_renders_a_spec_the_operator_accepts(tmp_path: pathlib.
 def test_deployment_chart_refuses_a_misspelt_value(tmp_path: pathlib.Path) -> None:
     done = helm_run(["template", "my-model", str(DEPLOYMENT_CHART), "--set", "decode.replica=2"], tmp_path, ok=False)
     assert "additional properties 'replica' not allowed" in done.stderr
+
+
+def test_the_dashboard_is_a_sidecar_configmap_and_the_monitors_are_optional(tmp_path: pathlib.Path) -> None:
+    docs = template(OPERATOR_CHART, tmp_path)
+    dashboard = one(docs, "ConfigMap", "epd-epd-operator-dashboard")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    panels = json.loads(dashboard["data"]["epd-overview.json"])["panels"]
+    assert panels and all(t["expr"] for p in panels for t in p["targets"])
+    assert not [d for d in docs if d["kind"] in ("PodMonitor", "PrometheusRule")]
+    on = template(OPERATOR_CHART, tmp_path, "--set", "podMonitor.enabled=true", "--set", "prometheusRule.enabled=true")
+    monitor = one(on, "PodMonitor")
+    assert monitor["spec"]["selector"]["matchLabels"] == {c.LABEL_MANAGED_BY: c.MANAGED_BY}
+    assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} == {"http", "metrics"}
+    assert one(on, "PrometheusRule")["spec"]["groups"][0]["rules"]
+    off = template(OPERATOR_CHART, tmp_path, "--set", "grafanaDashboard.enabled=false")
+    assert not [d for d in off if d["kind"] == "ConfigMap"]

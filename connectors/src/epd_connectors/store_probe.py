@@ -10,9 +10,11 @@ master's /health first and turn codes into ``StoreError`` with a name.
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,7 +83,13 @@ def service_ready(body: bytes) -> bool:
         health = json.loads(body)
     except ValueError:
         return True
-    return not isinstance(health, dict) or health.get("service_ready", True) is not False
+    return not isinstance(health, dict) or serves(health)
+
+
+def serves(health: Mapping[str, Any]) -> bool:
+    """Whether a master's /health JSON says it serves: an HA standby and a leader still warming up say
+    ``"service_ready": false``; older masters send no flag."""
+    return health.get("service_ready", True) is not False
 
 
 def master_capacity_bytes(metrics_url: str) -> int:
@@ -92,11 +100,29 @@ def master_capacity_bytes(metrics_url: str) -> int:
 
 def capacity_from_metrics(text: str) -> int | None:
     """The ``master_total_capacity_bytes`` gauge from the master's Prometheus text; None when absent."""
+    value = metric_samples(text).get("master_total_capacity_bytes", {}).get(())
+    return int(value) if value is not None else None
+
+
+Labels = tuple[tuple[str, str], ...]
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def metric_samples(text: str) -> dict[str, dict[Labels, float]]:
+    """Prometheus text exposition as {metric name: {sorted labels: value}} (comments and bad lines skipped)."""
+    samples: dict[str, dict[Labels, float]] = {}
     for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name == "master_total_capacity_bytes":
-            return int(float(value))
-    return None
+        match = _SAMPLE.match(line)
+        if match is None:
+            continue
+        name, labels, value = match.groups()
+        try:
+            number = float(value)
+        except ValueError:
+            continue
+        samples.setdefault(name, {})[tuple(sorted(_LABEL.findall(labels or "")))] = number
+    return samples
 
 
 def wait_for_capacity(

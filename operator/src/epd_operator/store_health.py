@@ -8,20 +8,15 @@ frees it.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from epd_connectors.store_probe import Labels, metric_samples, serves
 from epd_operator.api.status import StoreStatus, TenantUse
 
 NEARLY_FULL_RATIO = 0.95
 """Used over capacity at which the pool counts as nearly full. The master evicts from 0.9 (its default
 watermark), so a pool whose eviction keeps up stays below this, and one that crosses it is refusing puts soon."""
-
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-Labels = tuple[tuple[str, str], ...]
 
 
 class StoreEvent(NamedTuple):
@@ -31,23 +26,6 @@ class StoreEvent(NamedTuple):
     """info or warn."""
     reason: str
     message: str
-
-
-def parse_samples(text: str) -> dict[str, dict[Labels, float]]:
-    """Prometheus text exposition as {metric name: {sorted labels: value}} (comments and bad lines skipped)."""
-    samples: dict[str, dict[Labels, float]] = {}
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if match is None:
-            continue
-        name, labels, value = match.groups()
-        try:
-            number = float(value)
-        except ValueError:
-            continue
-        key = tuple(sorted(_LABEL.findall(labels or "")))
-        samples.setdefault(name, {})[key] = number
-    return samples
 
 
 def _gauge(samples: Mapping[str, Mapping[Labels, float]], name: str) -> int:
@@ -71,10 +49,10 @@ def store_status(health: Mapping[str, Any] | None, metrics: str | None, tenant_i
     """status.store from the master's answers; `error` says why there are none (unreachable, refused)."""
     if error or health is None or metrics is None:
         return StoreStatus(reachable=False, message=error or "the master gave no answer")
-    if health.get("status") != "ok" or health.get("service_ready") is False:
+    if not serves(health):
         state = f"role {health.get('role', '?')}, {health.get('ha_state', health.get('status', '?'))}"
         return StoreStatus(reachable=False, message=f"the master does not serve ({state})")
-    samples = parse_samples(metrics)
+    samples = metric_samples(metrics)
     segments = samples.get("segment_total_capacity_bytes", {})
     return StoreStatus(
         reachable=True,

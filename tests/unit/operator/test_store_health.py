@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from epd_operator import status, store_health
+from epd_connectors import store_probe
+from epd_operator import status
 from epd_operator.api import constants as c
 from epd_operator.api.resource import OperatorDefaults, OperatorPeer, Owner, parse_spec
 from epd_operator.api.status import StoreStatus, TenantUse
@@ -63,7 +64,7 @@ def test_an_unreachable_or_standby_master_says_why() -> None:
 
 
 def test_samples_keep_labels_and_skip_comments_and_garbage() -> None:
-    samples = store_health.parse_samples('# HELP x\nx{a="1",b="q\\"uote"} 2.5\nnot a sample\ny NaN-ish\n')
+    samples = store_probe.metric_samples('# HELP x\nx{a="1",b="q\\"uote"} 2.5\nnot a sample\ny NaN-ish\n')
     assert samples == {"x": {(("a", "1"), ("b", 'q\\"uote')): 2.5}}
 
 

@@ -227,3 +227,30 @@ def test_first_token_timeout_moves_on_then_gives_504() -> None:
         assert status == 504 and body["error"]["type"] == "timeout"
 
     run(main)
+
+
+def test_a_stream_that_stalls_mid_way_ends_with_a_timeout_event() -> None:
+    """Stand-in PD that sends its first chunk at once, then waits longer than the first-token limit (which is
+    also the limit on the gap between chunks)."""
+
+    async def main() -> None:
+        pd = StandIn("pd0", chunks=5, chunk_delay_s=2.0)
+        options = ProxyOptions(
+            timeouts=Timeouts(connect=1, encode=1, prefill=1, first_token=0.3, total=10, probe=1),
+            limits=Limits(probe_interval_s=5),
+        )
+        async with running(pd):
+            app = ProxyApp(roster_of({Role.PD: [pd]}), options)
+            async with serving(app) as url, aiohttp.ClientSession() as session:
+                started = asyncio.get_running_loop().time()
+                async with session.post(url + "/v1/chat/completions", json=chat(True)) as r:
+                    status, text = r.status, await r.text()
+                took = asyncio.get_running_loop().time() - started
+        events = [e.removeprefix("data: ") for e in text.strip().split("\n\n")]
+        assert status == 200 and "pd0-0" in events[0]
+        error = json.loads(events[-2])["error"]
+        assert error["type"] == "timeout" and "stalled for 0.3 s mid-stream" in error["message"]
+        assert events[-1] == "[DONE]"
+        assert took < 1.5, f"the stall was noticed after {took:.2f} s"
+
+    run(main)

@@ -1,4 +1,5 @@
-"""Time limits on the request path (first token, prefill, the whole request), checked by one sweep.
+"""Time limits on the request path (first token, prefill, the gap between stream chunks, the whole request),
+checked by one sweep.
 
 A timer per limit per request costs more than limits of minutes are worth: a sweep every `period_s` finds the
 overdue ones instead, late by at most that period. `TimeLimit` is the context manager the request path uses,
@@ -16,7 +17,8 @@ MAX_PERIOD_S = 1.0
 
 
 class Deadline:
-    """One task's limit: the sweep cancels `task` once `due` passed and marks it `expired`."""
+    """One task's limit: the sweep cancels `task` once `due` passed and marks it `expired`. `due` may move (a
+    stream's stall limit restarts with every chunk)."""
 
     __slots__ = ("due", "expired", "task")
 

@@ -10,6 +10,7 @@ stream whose first chunk already arrived, so nothing is committed to the client 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -245,7 +246,7 @@ class Flow:
                 raise from_client_error(exc, instance.role.value, instance.url) from exc
             raise
         self.metrics.observe_stage("first_token", time.perf_counter() - started)
-        chunks = _rest(body_chunks, response.url, limit) if request.stream else None
+        chunks = _rest(body_chunks, response.url, limit, self.deadlines) if request.stream else None
         return Answer(response.status, response.content_type, first, chunks, instance.url, release)
 
 
@@ -257,67 +258,31 @@ async def _first_chunk(chunks: AsyncIterator[bytes], url: str) -> bytes:
     raise BackendUnavailableError(f"{url} closed the stream before sending anything")
 
 
-async def _rest(chunks: AsyncIterator[bytes], url: str, idle_limit: float) -> AsyncIterator[bytes]:
-    """The remaining chunks; a gap longer than `idle_limit` ends the stream with StageTimeoutError."""
-    guard = _StallGuard(idle_limit)
+async def _rest(
+    chunks: AsyncIterator[bytes], url: str, idle_limit: float, deadlines: Deadlines
+) -> AsyncIterator[bytes]:
+    """The remaining chunks; waiting longer than `idle_limit` for the next one ends the stream with
+    StageTimeoutError. The wait is a deadline in the request path's sweep, moved on every chunk (a clock read,
+    not a timer: streams send one chunk per token); time spent sending to a slow client does not count."""
+    task = asyncio.current_task()
+    assert task is not None
+    stall = deadlines.add(task, idle_limit)
     try:
         while True:
-            guard.waiting = True
+            stall.due = time.monotonic() + idle_limit
             try:
                 chunk = await anext(chunks)
             except StopAsyncIteration:
                 return
             except asyncio.CancelledError as exc:
-                if guard.fired():
+                if stall.expired and task.uncancel() == 0:
                     raise StageTimeoutError(f"{url} stalled for {idle_limit} s mid-stream") from exc
                 raise
-            guard.touch()
+            stall.due = math.inf
             if chunk:
                 yield chunk
     finally:
-        guard.cancel()
-
-
-class _StallGuard:
-    """Cancels the current task when it waited for the next chunk `limit` seconds since the last `touch` (time
-    spent sending to a slow client does not count). Its one timer is re-armed only when it fires early, so a
-    chunk costs a clock read, not a timer (streams send one chunk per token)."""
-
-    def __init__(self, limit: float) -> None:
-        self._limit = limit
-        self._loop = asyncio.get_running_loop()
-        self._task = asyncio.current_task()
-        self._last = self._loop.time()
-        self._fired = False
-        self.waiting = False
-        self._timer: asyncio.TimerHandle | None = self._loop.call_at(self._last + limit, self._check)
-
-    def touch(self) -> None:
-        self._last = self._loop.time()
-        self.waiting = False
-
-    def _check(self) -> None:
-        if not self.waiting:
-            self._last = self._loop.time()
-        due = self._last + self._limit
-        if self._loop.time() < due:
-            self._timer = self._loop.call_at(due, self._check)
-            return
-        self._timer = None
-        self._fired = True
-        if self._task is not None:
-            self._task.cancel()
-
-    def fired(self) -> bool:
-        """Whether the cancellation was the guard's; then it is taken back, so the caller raises instead."""
-        if self._fired and self._task is not None:
-            self._task.uncancel()
-        return self._fired
-
-    def cancel(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        deadlines.discard(stall)
 
 
 async def _as_role(role: Role, work: Awaitable[_T]) -> _T:

@@ -16,12 +16,14 @@ from epd_connectors.config.roles import Role
 from epd_connectors.proxy.app import ProxyApp
 from epd_connectors.proxy.roster import InstanceSpec, Roster
 from epd_connectors.proxy.server import Server
-from epd_connectors.proxy.settings import Limits, ProxyOptions, Timeouts
+from epd_connectors.proxy.settings import Canary, Limits, ProxyOptions, Timeouts
 
 FAST = ProxyOptions(
     timeouts=Timeouts(connect=1.0, encode=5.0, prefill=5.0, first_token=5.0, total=20.0, probe=1.0),
     limits=Limits(probe_interval_s=0.2),
+    canary=Canary(interval_s=0),
 )
+"""Short limits, and no canaries: the tests count what each stand-in got (test_canaries turns them on)."""
 
 
 def run(main: Callable[[], Awaitable[None]]) -> None:

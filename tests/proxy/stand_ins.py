@@ -40,6 +40,10 @@ class StandIn:
     """Streams: wait this long before each chunk after the first (a model generating slowly)."""
     no_metadata: set[str] = field(default_factory=set)
     """Encoder: report nothing for these uuids."""
+    unreachable_from: set[str] = field(default_factory=set)
+    """Consumer or decode: fail (500 after `transfer_wait_s`) a request whose embeddings or KV come from these
+    encoders or prefills, as vLLM does when a push or KV never arrives; a path broken on purpose."""
+    transfer_wait_s: float = 0.2
     requests: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     disconnected: asyncio.Event = field(default_factory=asyncio.Event)
@@ -74,6 +78,9 @@ class StandIn:
         if self.statuses:
             status = self.statuses.pop(0)
             return web.json_response({"error": {"message": f"{self.name} says {status}"}}, status=status)
+        if self._sender(body) in self.unreachable_from:
+            await self._closed_within(request, self.transfer_wait_s)
+            return web.json_response({"error": {"message": "Internal server error"}}, status=500)
         if self.delay_s and await self._closed_within(request, self.delay_s):
             return web.Response(status=499)
         if self.role == "encoder":
@@ -88,6 +95,15 @@ class StandIn:
                 "kv_transfer_params": None,
             }
         )
+
+    @staticmethod
+    def _sender(body: dict[str, Any]) -> str | None:
+        """The stand-in encoder or prefill this request's embeddings or KV come from, if any."""
+        for entry in (body.get("ec_transfer_params") or {}).values():
+            if isinstance(entry, dict) and "producer" in entry:
+                return str(entry["producer"])
+        engine = (body.get("kv_transfer_params") or {}).get("remote_engine_id")
+        return engine.removeprefix("engine-") if isinstance(engine, str) else None
 
     async def _closed_within(self, request: web.Request, seconds: float) -> bool:
         """Wait up to `seconds`; True (and `disconnected` set) when the client hung up meanwhile."""
@@ -107,7 +123,12 @@ class StandIn:
             uuid = part.get("uuid")
             if uuid in self.no_metadata:
                 continue
-            params[uuid] = {"modality": "image", "item_indices": [index], "metadata": {"image_grid_thw": GRID}}
+            params[uuid] = {
+                "modality": "image",
+                "item_indices": [index],
+                "metadata": {"image_grid_thw": GRID},
+                "producer": self.name,
+            }
         return {"id": "enc", "choices": [], "ec_transfer_params": params or None}
 
     async def _stream(self, request: web.Request) -> web.StreamResponse:

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
 
 from epd_connectors.config.roles import Role
 from epd_connectors.proxy.app import ProxyApp
-from epd_connectors.proxy.settings import ProxyOptions, Timeouts
+from epd_connectors.proxy.settings import Timeouts
 from tests.proxy.harness import FAST, post_json, roster_of, run, serving
 from tests.proxy.stand_ins import StandIn, running
 
@@ -109,7 +110,7 @@ def test_a_client_gone_during_prefill_closes_the_prefill_request_and_never_reach
 def test_a_request_past_the_total_limit_gets_504_and_its_backend_request_is_closed() -> None:
     async def main() -> None:
         pd = StandIn("pd0", delay_s=5)
-        options = ProxyOptions(timeouts=Timeouts(connect=1, first_token=10, total=0.5, probe=1), limits=FAST.limits)
+        options = replace(FAST, timeouts=Timeouts(connect=1, first_token=10, total=0.5, probe=1), limits=FAST.limits)
         async with running(pd):
             app = ProxyApp(roster_of({Role.PD: [pd]}), options)
             async with serving(app) as url, aiohttp.ClientSession() as session:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -15,7 +16,7 @@ from epd_connectors.proxy.flow import DP_RANK_HEADER
 from epd_connectors.proxy.media import find_media
 from epd_connectors.proxy.roster import InstanceSpec
 from epd_connectors.proxy.routing import preference
-from epd_connectors.proxy.settings import Limits, ProxyOptions
+from epd_connectors.proxy.settings import Limits
 from tests.proxy.harness import FAST, roster_of, run, serving
 from tests.proxy.stand_ins import StandIn, running
 
@@ -146,7 +147,7 @@ def test_items_are_batched_per_encoder_with_a_cap_and_sent_concurrently() -> Non
 
     async def main() -> None:
         enc, pd = StandIn("e0", role="encoder", delay_s=0.3), StandIn("pd0")
-        options = ProxyOptions(timeouts=FAST.timeouts, limits=Limits(encoder_batch_max=1, probe_interval_s=5))
+        options = replace(FAST, timeouts=FAST.timeouts, limits=Limits(encoder_batch_max=1, probe_interval_s=5))
         async with running(enc, pd):
             app = ProxyApp(roster_of({Role.ENCODER: [enc], Role.PD: [pd]}), options)
             async with serving(app) as url, aiohttp.ClientSession() as session:
@@ -204,7 +205,7 @@ def test_without_affinity_media_spread_by_load() -> None:
     async def main() -> None:
         encoders = [StandIn(f"e{i}", role="encoder") for i in range(2)]
         pd = StandIn("pd0")
-        options = ProxyOptions(timeouts=FAST.timeouts, limits=FAST.limits, encoder_affinity=False)
+        options = replace(FAST, timeouts=FAST.timeouts, limits=FAST.limits, encoder_affinity=False)
         async with running(*encoders, pd):
             app = ProxyApp(roster_of({Role.ENCODER: encoders, Role.PD: [pd]}), options)
             async with serving(app) as url, aiohttp.ClientSession() as session:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -13,7 +14,7 @@ import aiohttp
 from epd_connectors.config.bundle import PROXY_LIVENESS_PATH
 from epd_connectors.config.roles import Role
 from epd_connectors.proxy.app import ProxyApp
-from epd_connectors.proxy.settings import Limits, ProxyOptions, Timeouts
+from epd_connectors.proxy.settings import Limits, Timeouts
 from tests.proxy.harness import FAST, post_json, roster_of, run, serving
 from tests.proxy.stand_ins import StandIn, running
 
@@ -72,7 +73,7 @@ def test_retries_are_bounded() -> None:
 
     async def main() -> None:
         pds = [StandIn(f"pd{i}", statuses=[500] * 5) for i in range(4)]
-        options = ProxyOptions(timeouts=FAST.timeouts, limits=Limits(retries=1, probe_interval_s=5))
+        options = replace(FAST, timeouts=FAST.timeouts, limits=Limits(retries=1, probe_interval_s=5))
         async with running(*pds):
             app = ProxyApp(roster_of({Role.PD: pds}), options)
             async with serving(app) as url, aiohttp.ClientSession() as session:
@@ -174,7 +175,7 @@ def test_no_healthy_instance_is_503_and_health_says_which_role() -> None:
 
     async def main() -> None:
         pd = StandIn("pd0", health=503)
-        options = ProxyOptions(timeouts=FAST.timeouts, limits=Limits(probe_interval_s=0.05, evict_after=1))
+        options = replace(FAST, timeouts=FAST.timeouts, limits=Limits(probe_interval_s=0.05, evict_after=1))
         async with running(pd):
             app = ProxyApp(roster_of({Role.PD: [pd]}), options)
             async with serving(app) as url, aiohttp.ClientSession() as session:
@@ -216,7 +217,8 @@ def test_first_token_timeout_moves_on_then_gives_504() -> None:
 
     async def main() -> None:
         pds = [StandIn("pd0", delay_s=3), StandIn("pd1", delay_s=3)]
-        options = ProxyOptions(
+        options = replace(
+            FAST,
             timeouts=Timeouts(connect=1, encode=1, prefill=1, first_token=0.3, total=10, probe=1),
             limits=Limits(retries=1, probe_interval_s=5),
         )
@@ -235,7 +237,8 @@ def test_a_stream_that_stalls_mid_way_ends_with_a_timeout_event() -> None:
 
     async def main() -> None:
         pd = StandIn("pd0", chunks=5, chunk_delay_s=2.0)
-        options = ProxyOptions(
+        options = replace(
+            FAST,
             timeouts=Timeouts(connect=1, encode=1, prefill=1, first_token=0.3, total=10, probe=1),
             limits=Limits(probe_interval_s=5),
         )

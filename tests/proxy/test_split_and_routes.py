@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -12,11 +13,10 @@ from epd_connectors.config.roles import Role
 from epd_connectors.proxy.app import ProxyApp
 from epd_connectors.proxy.media import find_media
 from epd_connectors.proxy.roster import InstanceSpec
-from epd_connectors.proxy.settings import ProxyOptions
 from tests.proxy.harness import FAST, post_json, roster_of, run, serving
 from tests.proxy.stand_ins import StandIn, running
 
-MOONCAKE = ProxyOptions(timeouts=FAST.timeouts, limits=FAST.limits, kv_protocol=KVProtocol.MOONCAKE)
+MOONCAKE = replace(FAST, timeouts=FAST.timeouts, limits=FAST.limits, kv_protocol=KVProtocol.MOONCAKE)
 
 
 def chat(stream: bool = False) -> dict[str, Any]:

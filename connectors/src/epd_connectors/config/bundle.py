@@ -144,6 +144,10 @@ class ProxySettings(ConfigModel):
     """How prefill hands its KV cache to decode; `mooncake` needs every prefill endpoint's bootstrap_port."""
     discover: bool = False
     """Follow the peers' Services' EndpointSlices for their pods (a cluster); false: use the peers as given."""
+    canary_interval_s: float | None = Field(default=None, ge=0)
+    """Seconds between canaries of each transfer path that works; 0: none (None: the proxy's default)."""
+    canary_timeout_s: float | None = Field(default=None, gt=0)
+    """Seconds one canary may take before its path counts as failing (None: the proxy's default)."""
 
 
 class WaitSettings(ConfigModel):

@@ -1,7 +1,8 @@
 """The proxy's application: routes, client I/O, disconnects and error answers, served by `server.Server`.
 
 POST /v1/chat/completions and /v1/completions run the request `flow`; GET /v1/models is answered by a
-generating instance; GET /health is 200 only when every required role has a healthy instance (readiness); GET
+generating instance; GET /health is 200 only when every required role has a healthy instance (readiness), and
+reports each transfer path's canary (`canary`); GET
 /livez is 200 while the proxy serves at all (liveness: backends still loading must not get it restarted); GET
 /metrics is Prometheus text. A client that disconnects has its handler cancelled by the server, which closes
 the backend connections, and vLLM aborts what it was doing. Everything the client sees on failure is an
@@ -17,11 +18,13 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import replace
 from typing import Any
 
 from epd_connectors.config.bundle import PROXY_LIVENESS_PATH, PROXY_READINESS_PATH
 from epd_connectors.proxy import routing
 from epd_connectors.proxy.backend import Backend, dumps, loads
+from epd_connectors.proxy.canary import Canaries
 from epd_connectors.proxy.deadlines import Deadlines
 from epd_connectors.proxy.errors import (
     BackendRejectedError,
@@ -66,6 +69,11 @@ class ProxyApp:
         self.deadlines = Deadlines(timeouts.total, timeouts.first_token, timeouts.prefill)
         self.flow = Flow(roster, self.backend, options, self.metrics, self.deadlines)
         self.prober = Prober(roster, self.backend, options.limits, options.timeouts)
+        # Canaries go through a flow of their own: no retries elsewhere (the pair is fixed), and counters of
+        # their own (the proxy's metrics count users' requests).
+        canary_options = replace(options, limits=replace(options.limits, retries=0))
+        canary_flow = Flow(roster, self.backend, canary_options, ProxyMetrics(), self.deadlines)
+        self.canaries = Canaries(roster, canary_flow, options.canary)
         self._discovery = discovery
         self._discovery_task: asyncio.Task[None] | None = None
         self._probe = probe
@@ -80,12 +88,17 @@ class ProxyApp:
         if path == PROXY_READINESS_PATH and method in ("GET", "HEAD"):
             roles = self.roster.healthy_roles()
             ok = all(roles.values())
-            payload = {"status": "healthy" if ok else "unhealthy", "roles": {r.value: v for r, v in roles.items()}}
+            payload = {
+                "status": "healthy" if ok else "unhealthy",
+                "roles": {r.value: v for r, v in roles.items()},
+                "canaries": "on" if self._canaries_on else "off",
+                "transfers": self.canaries.report(),
+            }
             return _send_json(reply, 200 if ok else 503, payload)
         if path == PROXY_LIVENESS_PATH and method in ("GET", "HEAD"):
             return _send_json(reply, 200, {"status": "serving"})
         if path == "/metrics" and method == "GET":
-            return reply.send(200, CONTENT_TYPE.encode(), self.metrics.render(self.roster))
+            return reply.send(200, CONTENT_TYPE.encode(), self.metrics.render(self.roster, self.canaries.report()))
         if path == "/v1/models" and method == "GET":
             return self._models(reply)
         return _send_json(reply, 404, {"error": {"message": f"no route {method} {path}", "code": 404}})
@@ -102,6 +115,8 @@ class ProxyApp:
         if self._probe:
             await self.prober.probe_once()
             self.prober.start()
+        if self._canaries_on:
+            self.canaries.start()
         if self._discovery is not None:
             self._discovery_task = asyncio.create_task(self._discovery(self.roster, self.prober.wake))
 
@@ -110,9 +125,15 @@ class ProxyApp:
             self._discovery_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._discovery_task
+        await self.canaries.stop()
         await self.prober.stop()
         await self.deadlines.stop()
         await self.backend.close()
+
+    @property
+    def _canaries_on(self) -> bool:
+        """Canaries need a prober: a proxy that must not reach its instances (Limits.probing) sends none."""
+        return self._probe and self.options.limits.probing and self.options.canary.on
 
     async def _completion(self, client: Request, reply: Reply) -> None:
         started = time.perf_counter()

@@ -76,6 +76,19 @@ def parser() -> argparse.ArgumentParser:
         f"(default {s.DEFAULT_PROBE_INTERVAL_S})",
     )
     p.add_argument(
+        "--canary-interval",
+        type=float,
+        metavar="SECONDS",
+        help="between canaries of each transfer path that works (encoder -> EC consumer, prefill -> decode); 0: "
+        f"none, every path counts as working (bundle proxy.canary_interval_s, default {s.DEFAULT_CANARY_INTERVAL_S})",
+    )
+    p.add_argument(
+        "--canary-timeout",
+        type=float,
+        metavar="SECONDS",
+        help=f"for one canary (bundle proxy.canary_timeout_s, default {s.DEFAULT_CANARY_TIMEOUT_S})",
+    )
+    p.add_argument(
         "--discover",
         action="store_true",
         default=None,
@@ -102,7 +115,17 @@ def options_from(given: Layered, bundle: ProxySettings) -> s.ProxyOptions:
         ),
         encoder_affinity=bundle.encoder_affinity and not given.switch("no_encoder_affinity"),
         kv_protocol=given.value("kv_protocol", bundle.kv_protocol, KVProtocol),
+        canary=s.Canary(
+            interval_s=given.value(
+                "canary_interval", _or(bundle.canary_interval_s, s.DEFAULT_CANARY_INTERVAL_S), float
+            ),
+            timeout_s=given.value("canary_timeout", _or(bundle.canary_timeout_s, s.DEFAULT_CANARY_TIMEOUT_S), float),
+        ),
     )
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
 def build(

@@ -75,8 +75,15 @@ def specs_from_slices(slices: Iterable[Mapping[str, Any]], watch: RoleWatch) -> 
                 url = base.address("http", address, port)
                 ec = tuple(watch.ec.addresses(address)) if watch.ec is not None else ()
                 bootstrap = base.address("http", address, watch.bootstrap_port) if watch.bootstrap_port else None
-                found[url] = InstanceSpec(url, ec, bootstrap)
+                found[url] = InstanceSpec(url, ec, bootstrap, _pod_name(endpoint))
     return [found[url] for url in sorted(found)]
+
+
+def _pod_name(endpoint: Mapping[str, Any]) -> str:
+    ref = endpoint.get("targetRef")
+    if isinstance(ref, Mapping) and ref.get("kind") == "Pod" and isinstance(ref.get("name"), str):
+        return str(ref["name"])
+    return ""
 
 
 def apply_event(slices: dict[str, Mapping[str, Any]], event_type: str, slice_: Mapping[str, Any]) -> None:

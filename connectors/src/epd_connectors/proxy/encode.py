@@ -59,14 +59,20 @@ class EncodeStage:
         self._tiebreak = 0
 
     async def run(
-        self, request: Mapping[str, Any], items: Sequence[MediaItem], consumer_zmq: str | None, request_id: str
+        self,
+        request: Mapping[str, Any],
+        items: Sequence[MediaItem],
+        consumer_zmq: str | None,
+        request_id: str,
+        avoid: frozenset[str] = frozenset(),
     ) -> tuple[dict[str, Encoded], dict[str, str]]:
-        """Per uuid, what its encoder reported; and per uuid its push transfer id (push connectors only)."""
+        """Per uuid, what its encoder reported; and per uuid its push transfer id (push connectors only).
+        No item goes to an encoder in `avoid` (its push does not reach this consumer)."""
         started = time.perf_counter()
         encoded: dict[str, Encoded] = {}
         transfer_ids: dict[str, str] = {}
         unique = list({item.uuid: item for item in items}.values())
-        tried: dict[str, set[str]] = {item.uuid: set() for item in unique}
+        tried: dict[str, set[str]] = {item.uuid: set(avoid) for item in unique}
         answered = {item.uuid: True for item in unique}  # every encoder tried answered 5xx (none failed on the way)
         pending = unique
         last_error: ProxyError | None = None
@@ -75,7 +81,8 @@ class EncodeStage:
             missing = [item for item, encoder in assignment if encoder is None]
             if missing:
                 if last_error is None:
-                    raise NoInstanceError("no healthy encoder to send the request's media to")
+                    reachable = " whose push reaches the chosen consumer" if avoid else ""
+                    raise NoInstanceError(f"no healthy encoder{reachable} to send the request's media to")
                 raise _giving_up(missing, last_error, answered)
             plan = batches(
                 [(item, encoder) for item, encoder in assignment if encoder is not None],

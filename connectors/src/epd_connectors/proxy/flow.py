@@ -14,7 +14,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from epd_connectors.config.bundle import KVProtocol
 from epd_connectors.config.roles import Role
@@ -38,8 +38,20 @@ from epd_connectors.proxy.settings import ProxyOptions
 
 _T = TypeVar("_T")
 
+_NO_PATH = " with a working transfer path (the canaries of the others fail; the proxy's /health names the pairs)"
+
 DP_RANK_HEADER = "X-data-parallel-rank"
 """vLLM's header naming the data-parallel replica that must serve a request (the one the encoder pushed to)."""
+
+
+class Route(NamedTuple):
+    """Instances a canary fixes (module canary): the encoder of its media, the decode of its KV; None: routed."""
+
+    encoder: str | None = None
+    decode: str | None = None
+
+
+NO_ROUTE = Route()
 
 
 @dataclass(slots=True)
@@ -97,19 +109,43 @@ class Flow:
         if items and Role.ENCODER not in self.roster.roles:
             items = []  # no encoder pool: the consumer encodes the media itself
         role = self.roster.consumer_role
-        return self._with_retries(role, lambda consumer: self._via_consumer(request, items, consumer))
+        avoid = self._consumers_no_encoder_reaches() if items and self.roster.failing else frozenset()
+        return self._with_retries(role, lambda consumer: self._via_consumer(request, items, consumer), avoid)
 
-    async def _with_retries(self, role: Role, attempt: Callable[[Instance], Awaitable[Answer]]) -> Answer:
-        """`attempt` on the least-loaded healthy instance of `role`, then on others while the failure is
-        retryable and attempts remain."""
-        tried: frozenset[str] = frozenset()
+    def through(self, request: ClientRequest, consumer: Instance, route: Route) -> Awaitable[Answer]:
+        """`request` over fixed instances, without retries elsewhere (a canary): this consumer, and the route's
+        encoder and decode."""
+        items = find_media(request.body) if request.path.endswith("/chat/completions") else []
+        return self._via_consumer(request, items, consumer, route)
+
+    def _consumers_no_encoder_reaches(self) -> frozenset[str]:
+        """Consumers that no healthy encoder's push reaches: a media request must not go there."""
+        encoders = {i.url for i in self.roster.instances(Role.ENCODER) if i.healthy}
+        consumers = self.roster.instances(self.roster.consumer_role)
+        return frozenset(c.url for c in consumers if encoders and encoders <= self.roster.failing_senders(c.url))
+
+    def _avoided(
+        self, role: Role, pinned: str | None, failing: Callable[[str], frozenset[str]], url: str
+    ) -> frozenset[str]:
+        """The instances of `role` a stage after `url` must not use: all but the pinned one (a canary), else
+        those whose transfer with `url` fails."""
+        if pinned is not None:
+            return frozenset(i.url for i in self.roster.instances(role) if i.url != pinned)
+        return failing(url) if self.roster.failing else frozenset()
+
+    async def _with_retries(
+        self, role: Role, attempt: Callable[[Instance], Awaitable[Answer]], avoid: frozenset[str] = frozenset()
+    ) -> Answer:
+        """`attempt` on the least-loaded healthy instance of `role` not in `avoid`, then on others while the
+        failure is retryable and attempts remain."""
+        tried = avoid
         last: ProxyError | None = None
         for _ in range(self.options.limits.retries + 1):
             self._tiebreak += 1
             url = routing.least_outstanding(self.roster.candidates(role), tried, self._tiebreak)
             instance = self.roster.get(role, url) if url is not None else None
             if instance is None:
-                raise last or NoInstanceError(f"no healthy {role.value} instance")
+                raise last or NoInstanceError(f"no healthy {role.value} instance" + (_NO_PATH if avoid else ""))
             try:
                 return await attempt(instance)
             except ProxyError as error:
@@ -124,7 +160,9 @@ class Flow:
         assert last is not None
         raise last
 
-    def _via_consumer(self, request: ClientRequest, items: list[MediaItem], consumer: Instance) -> Awaitable[Answer]:
+    def _via_consumer(
+        self, request: ClientRequest, items: list[MediaItem], consumer: Instance, route: Route = NO_ROUTE
+    ) -> Awaitable[Answer]:
         """Encode for this consumer, then prefill+decode or PD. A text request to PD instances goes straight to
         `_generate` (the common case, without a coroutine frame of its own)."""
         dp_rank = routing.pick_dp_rank(max(1, len(consumer.spec.ec_addresses)), consumer.dp_counter)
@@ -135,7 +173,7 @@ class Flow:
         if not items and not self.roster.split:
             return self._generate(request, consumer, request.raw or request.body, headers)
         zmq = consumer.spec.ec_addresses[dp_rank or 0] if consumer.spec.ec_addresses else None
-        return self._encode_then_generate(request, items, consumer, zmq, headers)
+        return self._encode_then_generate(request, items, consumer, zmq, headers, route=route)
 
     async def _encode_then_generate(
         self,
@@ -144,14 +182,17 @@ class Flow:
         consumer: Instance,
         zmq: str | None,
         headers: dict[str, str],
+        *,
+        route: Route,
     ) -> Answer:
         body = request.body
         if items:
+            encoders = self._avoided(Role.ENCODER, route.encoder, self.roster.failing_senders, consumer.url)
             # Counted against the consumer while its media are encoded, so concurrent requests spread over
             # consumers from the start instead of all choosing the one that looked idle.
             with Outstanding(consumer):
                 encoded, transfer_ids = await _as_role(
-                    Role.ENCODER, self.encode.run(body, items, zmq, request.request_id)
+                    Role.ENCODER, self.encode.run(body, items, zmq, request.request_id, encoders)
                 )
             body = consumer_body(body, items, encoded, transfer_ids)
             rewritten = sum(1 for item in items if item.uuid in encoded and encoded[item.uuid].metadata)
@@ -164,11 +205,13 @@ class Flow:
         decode_body = with_uuids(request.body, items)
         if kv_params is not None:
             decode_body["kv_transfer_params"] = kv_params
+        decodes = self._avoided(Role.DECODE, route.decode, self.roster.failing_receivers, consumer.url)
         return await _as_role(
             Role.DECODE,
             self._with_retries(
                 Role.DECODE,
                 lambda d: self._generate(request, d, decode_body, {"x-request-id": request.request_id}),
+                decodes,
             ),
         )
 

@@ -2,7 +2,8 @@
 
 Stage latencies (encode, prefill, first token, total) say where a slow request spent its time; requests,
 errors and retries by role and instance find the bad instance; in-flight and roster gauges show load and
-membership; the affinity counters and ratio show whether repeated media meet the encoder that holds them.
+membership; the affinity counters and ratio show whether repeated media meet the encoder that holds them; the
+transfer gauge counts the paths whose canaries pass and fail.
 What every request updates is counted in plain numbers (`RequestCounts`) and becomes metric families only when
 scraped: prometheus_client takes a lock, and a histogram walks its buckets, on every update.
 """
@@ -10,7 +11,8 @@ scraped: prometheus_client takes a lock, and a histogram walks its buckets, on e
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -114,6 +116,12 @@ class ProxyMetrics:
             "Share of media items that met their first-choice encoder",
             registry=r,
         )
+        self.transfer_pairs = Gauge(
+            "epd_proxy_transfer_pairs",
+            "Transfer paths (encoder -> EC consumer, prefill -> decode) by their canaries' verdict",
+            ["path", "state"],
+            registry=r,
+        )
         self._hits = 0
         self._items = 0
 
@@ -134,8 +142,14 @@ class ProxyMetrics:
         self.affinity.labels("hit" if hit else "miss").inc()
         self.affinity_ratio.set(self._hits / self._items)
 
-    def render(self, roster: Roster) -> bytes:
-        """The exposition text, with the roster and in-flight gauges read now (nothing per request)."""
+    def render(self, roster: Roster, transfers: Sequence[Mapping[str, Any]] = ()) -> bytes:
+        """The exposition text, with the roster, in-flight and transfer gauges read now (nothing per request);
+        `transfers` are the canaries' report entries."""
+        counts = {(path, state): 0 for path in ("ec", "kv") for state in ("ok", "failing", "unchecked")}
+        for entry in transfers:
+            counts[entry["path"], entry["state"]] += 1
+        for (path, state), count in counts.items():
+            self.transfer_pairs.labels(path, state).set(count)
         for role in roster.roles:
             instances = roster.instances(role)
             healthy = sum(1 for i in instances if i.healthy)

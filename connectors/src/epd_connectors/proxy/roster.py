@@ -25,6 +25,8 @@ class InstanceSpec:
     """EC consumers with a push connector: the control address of each data-parallel replica."""
     bootstrap_url: str | None = None
     """Prefill with MooncakeConnector: http://host:VLLM_MOONCAKE_BOOTSTRAP_PORT."""
+    name: str = ""
+    """The pod's name where discovery knows it (reports name pods, not only addresses)."""
 
 
 @dataclass
@@ -59,6 +61,10 @@ class Roster:
     members: dict[Role, dict[str, Instance]] = field(default_factory=dict)
     version: int = 0
     """Bumped on every membership change (the prober and metrics look at it)."""
+    failing: frozenset[tuple[str, str]] = frozenset()
+    """(sender, receiver) URLs of the transfer paths whose canaries fail (module canary): an encoder whose
+    pushes do not reach an EC consumer, a prefill whose KV does not reach a decode. Routing keeps such pairs
+    apart; empty (the usual case) costs requests one truth test."""
 
     @classmethod
     def build(cls, specs: Mapping[Role, Sequence[InstanceSpec]], *, healthy: bool = False) -> Roster:
@@ -112,6 +118,14 @@ class Roster:
 
     def candidates(self, role: Role) -> list[Candidate]:
         return [i.candidate() for i in self.members.get(role, {}).values()]
+
+    def failing_senders(self, receiver: str) -> frozenset[str]:
+        """The senders whose transfers to `receiver` fail."""
+        return frozenset(s for s, r in self.failing if r == receiver)
+
+    def failing_receivers(self, sender: str) -> frozenset[str]:
+        """The receivers `sender`'s transfers do not reach."""
+        return frozenset(r for s, r in self.failing if s == sender)
 
     def healthy_roles(self) -> dict[Role, bool]:
         """Per required role: does it have a healthy instance?"""

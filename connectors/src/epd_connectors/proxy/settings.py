@@ -36,6 +36,16 @@ DEFAULT_READMIT_AFTER = 1
 DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
 """Largest request body accepted (bytes); inline base64 videos are big, unbounded bodies are an attack."""
 
+DEFAULT_CANARY_INTERVAL_S = 60.0
+"""Seconds between canaries of a transfer path that works; 0 turns canaries off (see Canary.on)."""
+DEFAULT_CANARY_RETRY_S = 5.0
+"""Seconds between canaries of a path that failed its last one, so a repaired path returns within seconds."""
+DEFAULT_CANARY_TIMEOUT_S = 30.0
+"""Seconds for one canary. It is a tiny image and one token, but it queues behind user requests; a push that
+never arrives shows as this timeout (or as the consumer's own push_wait_timeout_s, 60 s, when shorter)."""
+DEFAULT_CANARY_FAILURES = 2
+"""Consecutive failed canaries that take a path out of routing: one slow canary under load is forgiven."""
+
 
 @dataclass(frozen=True)
 class Timeouts:
@@ -72,6 +82,21 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class Canary:
+    """How the proxy proves its transfer paths (module canary)."""
+
+    interval_s: float = DEFAULT_CANARY_INTERVAL_S
+    retry_s: float = DEFAULT_CANARY_RETRY_S
+    timeout_s: float = DEFAULT_CANARY_TIMEOUT_S
+    failures: int = DEFAULT_CANARY_FAILURES
+
+    @property
+    def on(self) -> bool:
+        """Whether canaries run at all; an interval of 0 (or less) means no, and every path counts as working."""
+        return self.interval_s > 0
+
+
+@dataclass(frozen=True)
 class ProxyOptions:
     """Everything about behaviour that is not the roster."""
 
@@ -80,3 +105,4 @@ class ProxyOptions:
     encoder_affinity: bool = True
     """Route a media item by its uuid to the encoder that saw it before (consistent hashing)."""
     kv_protocol: KVProtocol = KVProtocol.PASSIVE
+    canary: Canary = field(default_factory=Canary)

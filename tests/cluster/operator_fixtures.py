@@ -284,6 +284,7 @@ class Operator:
             "--liveness",
             f"http://127.0.0.1:{self.liveness_port}/healthz",
             # The masters here are simulated pods: nothing may be sent to their addresses.
+            "--transfer-poll-interval=0",  # the proxy is a simulated pod too
             "--store-poll-interval",
             "0",
             *self.extra,

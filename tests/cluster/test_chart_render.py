@@ -262,6 +262,9 @@ def test_the_operator_knows_its_pods_for_the_stores_policies_and_how_often_to_re
     assert settings.store_poll_interval_s == operator_settings.DEFAULT_STORE_POLL_INTERVAL_S
     off = one(template(OPERATOR_CHART, tmp_path, "--set", "storePollIntervalSeconds=0"), "Deployment")
     assert operator_settings.parse([], env_of(off)).store_poll_interval_s == 0
+    assert settings.transfer_poll_interval_s == operator_settings.DEFAULT_TRANSFER_POLL_INTERVAL_S
+    quiet = one(template(OPERATOR_CHART, tmp_path, "--set", "transferPollIntervalSeconds=0"), "Deployment")
+    assert operator_settings.parse([], env_of(quiet)).transfer_poll_interval_s == 0
 
 
 def test_service_monitor_is_optional(tmp_path: pathlib.Path) -> None:

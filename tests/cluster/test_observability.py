@@ -194,13 +194,14 @@ async def _check(prometheus: Prometheus, encoders: list[StandIn], groups: list[d
     for encoder in encoders:  # every encoder fails its probes: the proxy evicts them
         encoder.health = 503
     # The other conditions hold already: the pool past 95 %, the invalid deployment (Ready False, and
-    # StoreReady Unknown: nothing of it was applied).
+    # StoreReady and TransferReady Unknown: nothing of it was applied).
     rules = [rule for group in groups for rule in group["rules"]]
     assert {r["alert"] for r in rules} == {
         "EPDNoHealthyEncoder",
         "EPDStoreNearlyFull",
         "EPDNotReady",
         "EPDStoreNotReady",
+        "EPDTransferFailing",
     }
 
     def every_alert_holds() -> bool:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from epd_connectors.config.roles import Role
-from epd_operator import status, store_watch
+from epd_operator import polling, status, store_watch
 from epd_operator.api import constants as c
 from epd_operator.api.status import EPDDeploymentStatus
 from epd_operator.render import Derived, Desired, RoleWorkload
@@ -70,7 +70,7 @@ def test_the_watch_reports_the_store_and_turns_store_ready_with_the_master(moonc
         return (found.status, found.reason) if found else ("", "")
 
     async def scenario() -> None:
-        store_watch.follow(rt, tracked)
+        polling.follow(rt, tracked, store_watch.POLL)
         await until("the pool", lambda st: st.store is not None and st.store.capacity_bytes == 32 * MiB)
         assert store_ready(written()) == ("True", status.REASON_READY)
         client.process.stop()  # the segment goes once its heartbeats lapse (client_ttl_s)
@@ -81,7 +81,7 @@ def test_the_watch_reports_the_store_and_turns_store_ready_with_the_master(moonc
         assert gone is not None and not gone.reachable and "127.0.0.1" in gone.message
         rt.forget("ns", "demo")
         await asyncio.sleep(0)
-        assert tracked.store_watch is not None and tracked.store_watch.cancelled()
+        assert tracked.polls["store"].cancelled()
 
     asyncio.run(scenario())
     assert ("warn", "StoreClientUnmounted") in events

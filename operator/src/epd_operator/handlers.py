@@ -69,8 +69,14 @@ async def startup(memo: Any, **_: Any) -> None:
     defaults: OperatorDefaults = memo.defaults
     metrics: Metrics = memo.metrics
     concurrency: int = memo.concurrent_reconciles
-    poll: float = memo.store_poll_interval_s
-    memo.runtime = Runtime(await _kube.Client.connect(connection), defaults, metrics, concurrency, poll)
+    memo.runtime = Runtime(
+        await _kube.Client.connect(connection),
+        defaults,
+        metrics,
+        concurrency,
+        store_poll_interval_s=memo.store_poll_interval_s,
+        transfer_poll_interval_s=memo.transfer_poll_interval_s,
+    )
 
 
 @kopf.on.cleanup(registry=registry)

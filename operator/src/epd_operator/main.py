@@ -45,6 +45,7 @@ def run(settings: Settings) -> None:
     memo.metrics = metrics
     memo.concurrent_reconciles = settings.concurrent_reconciles
     memo.store_poll_interval_s = settings.store_poll_interval_s
+    memo.transfer_poll_interval_s = settings.transfer_poll_interval_s
     kopf.run(
         registry=handlers.registry,
         settings=kopf_settings(settings),

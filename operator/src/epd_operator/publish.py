@@ -40,6 +40,7 @@ async def publish(state: State, tracked: Tracked) -> None:
         now=status.now(),
         blocked=tracked.blocked,
         store=tracked.store,
+        transfers=tracked.transfers,
     )
     new = status.compute(facts)
     if new == tracked.status:
@@ -55,9 +56,11 @@ async def publish(state: State, tracked: Tracked) -> None:
 
 def _announce_flips(state: State, tracked: Tracked, new: EPDDeploymentStatus) -> None:
     first = not tracked.status.conditions  # a new object starts not ready: nothing to announce
+    before = {x.type: x.status for x in tracked.status.conditions}
     for flipped in status.flips(tracked.status, new):
         event = f"{flipped.type} is {flipped.status}: {flipped.message}"[:1000]
-        if flipped.status == "True" and flipped.type in ANNOUNCED:
+        recovered = flipped.type == c.COND_TRANSFER_READY and before.get(flipped.type) == "False"
+        if flipped.status == "True" and (flipped.type in ANNOUNCED or recovered):
             state.event(tracked, "info", reason=flipped.type, message=event)
         elif flipped.status == "False" and not first and flipped.type != c.COND_VALID:  # InvalidSpec said it
             if flipped.reason in status.PROGRESS_REASONS:

@@ -16,7 +16,7 @@ from typing import Any
 
 import kopf
 
-from epd_operator import _kube, apply, status, store_watch
+from epd_operator import _kube, apply, polling, status, store_watch, transfer_watch
 from epd_operator.api.resource import InvalidSpecError, Owner, parse_spec
 from epd_operator.publish import publish
 from epd_operator.render import Desired, render_desired
@@ -123,7 +123,8 @@ def _applied(state: State, tracked: Tracked, owner: Owner, desired: Desired, res
     for obj in result.live:
         state.remember(apply.key_of(obj), obj, watched=False)
     state.metrics.set_objects(tracked.key, Counter(o["kind"] for o in desired.objects))
-    store_watch.follow(state, tracked)
+    polling.follow(state, tracked, store_watch.POLL)
+    polling.follow(state, tracked, transfer_watch.POLL)
     if result.changed:
         message = f"{len(result.written)} object(s) created or changed, {len(result.deleted)} pruned"
         state.event(tracked, "info", reason="Applied", message=message)

@@ -26,6 +26,9 @@ late (measured: 50 deployments at once, bench/operator)."""
 DEFAULT_STORE_POLL_INTERVAL_S = 15.0
 """Seconds between readings of each store master's /health and /metrics (status.store, StoreReady); 0 turns
 reading off (then StoreReady counts pods alone)."""
+DEFAULT_TRANSFER_POLL_INTERVAL_S = 10.0
+"""Seconds between readings of each proxy's canary report (status.transfers, TransferReady); 0 turns reading
+off (then TransferReady does not hold Ready back)."""
 ENV_PREFIX = "EPD_OPERATOR_"
 
 
@@ -52,6 +55,8 @@ class Settings:
     store_poll_interval_s: float = DEFAULT_STORE_POLL_INTERVAL_S
     """Seconds between readings of a store master; 0: never read one (an operator whose masters are simulated
     pods, or that cannot reach the pods' network)."""
+    transfer_poll_interval_s: float = DEFAULT_TRANSFER_POLL_INTERVAL_S
+    """Seconds between readings of a proxy's canary report; 0: never read one (as for the store)."""
     verbose: bool = False
     debug: bool = False
 
@@ -89,6 +94,12 @@ def parser() -> argparse.ArgumentParser:
         "--store-poll-interval",
         type=float,
         help=f"seconds between readings of each store master, 0 to never read one ({DEFAULT_STORE_POLL_INTERVAL_S:g})",
+    )
+    p.add_argument(
+        "--transfer-poll-interval",
+        type=float,
+        help="seconds between readings of each proxy's canary report, 0 to never read one "
+        f"({DEFAULT_TRANSFER_POLL_INTERVAL_S:g})",
     )
     p.add_argument(
         "--pod-namespace",
@@ -131,6 +142,9 @@ def parse(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Settings:
             operator_peer=_operator_peer(given.value("pod_namespace", "", str), given.value("pod_labels", "", str)),
         ),
         store_poll_interval_s=max(0.0, given.value("store_poll_interval", DEFAULT_STORE_POLL_INTERVAL_S, float)),
+        transfer_poll_interval_s=max(
+            0.0, given.value("transfer_poll_interval", DEFAULT_TRANSFER_POLL_INTERVAL_S, float)
+        ),
         concurrent_reconciles=max(1, given.value("concurrent_reconciles", DEFAULT_CONCURRENT_RECONCILES, int)),
         connection=Connection(kubeconfig=args.kubeconfig or environ.get("KUBECONFIG"), context=args.context),
         verbose=given.switch("verbose"),

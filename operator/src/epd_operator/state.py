@@ -21,7 +21,7 @@ from typing import Any
 from epd_operator import _kube, apply, events, pacing, status
 from epd_operator.api import constants as c
 from epd_operator.api.resource import OperatorDefaults, Owner
-from epd_operator.api.status import EPDDeploymentStatus, StoreStatus
+from epd_operator.api.status import EPDDeploymentStatus, StoreStatus, TransferStatus
 from epd_operator.metrics import Metrics
 from epd_operator.render import Desired
 
@@ -59,8 +59,10 @@ class Tracked:
     """The message of the last ApplyFailed Event, so a failure retried unchanged is announced once."""
     store: StoreStatus | None = None
     """The store master's last report (store_watch); None without a store or while it is not read."""
-    store_watch: asyncio.Task[None] | None = None
-    """The task reading the master, while the deployment has a store and reading is on."""
+    transfers: TransferStatus | None = None
+    """The proxy's last canary report (transfer_watch); None without a proxy or while it is not read."""
+    polls: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    """The tasks reading the master and the proxy (module polling), by the attribute each one fills."""
 
     @property
     def key(self) -> Key:
@@ -98,11 +100,15 @@ class State:
         defaults: OperatorDefaults,
         metrics: Metrics,
         concurrent_syncs: int,
+        *,
         store_poll_interval_s: float = 0.0,
+        transfer_poll_interval_s: float = 0.0,
     ) -> None:
         self.client, self.defaults, self.metrics = client, defaults, metrics
         self.store_poll_interval_s = store_poll_interval_s
         """Seconds between readings of each store master; 0: none (store_watch)."""
+        self.transfer_poll_interval_s = transfer_poll_interval_s
+        """Seconds between readings of each proxy's canary report; 0: none (transfer_watch)."""
         # Fifty syncs at once all finish late (their requests interleave); a few at a time finish one after
         # another, so the pods of the first start while the rest are still being applied.
         self.syncs = asyncio.Semaphore(concurrent_syncs)
@@ -123,7 +129,8 @@ class State:
         tracked = self.deployments.get(key)
         if tracked is None or tracked.owner.uid != owner.uid:  # new, or deleted and created again
             tracked = Tracked(owner, status.parse(body.get("status")))
-            tracked.store = tracked.status.store  # kept until the first reading, so a restart does not blank it
+            # Kept until the first reading, so a restart does not blank them.
+            tracked.store, tracked.transfers = tracked.status.store, tracked.status.transfers
             self.deployments[key] = tracked
             if tracked.status.conditions:  # written by an earlier process: counts until we write again
                 self.metrics.set_phase(key, tracked.status.phase)
@@ -162,8 +169,8 @@ class State:
     def forget(self, namespace: str, name: str) -> None:
         """The EPDDeployment is gone (its children follow through garbage collection)."""
         tracked = self.deployments.pop((namespace, name), None)
-        if tracked is not None and tracked.store_watch is not None:
-            tracked.store_watch.cancel()
+        for task in tracked.polls.values() if tracked is not None else ():
+            task.cancel()
         if tracked is not None and tracked.desired is not None:
             keys = [apply.key_of(o) for o in tracked.desired.objects]
             self.applied.forget(namespace, keys)

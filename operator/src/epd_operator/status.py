@@ -17,8 +17,9 @@ from typing import Any, Literal
 from epd_connectors.config.roles import Role
 from epd_operator import _kube
 from epd_operator.api import constants as c
-from epd_operator.api.status import Condition, EPDDeploymentStatus, Phase, RoleStatus, StoreStatus
+from epd_operator.api.status import Condition, EPDDeploymentStatus, Phase, RoleStatus, StoreStatus, TransferStatus
 from epd_operator.render import Derived, RoleWorkload
+from epd_operator.transfer_health import verdict
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 
@@ -156,6 +157,9 @@ class Facts:
     store: StoreStatus | None = None
     """The master's last report (store_health); None without a store or while the operator does not read it,
     and then StoreReady counts pods alone."""
+    transfers: TransferStatus | None = None
+    """The proxy's canary report (transfer_health); None while the operator does not read it, and then
+    TransferReady does not hold Ready back."""
 
 
 def condition(
@@ -231,6 +235,29 @@ def _with_store(facts: Facts, pods: Condition) -> Condition:
     return pods
 
 
+def _transfer_condition(facts: Facts) -> Condition:
+    """TransferReady: the proxy's canaries over every path it routes."""
+    derived = facts.derived
+    if derived is None:
+        return condition(
+            facts.previous,
+            c.COND_TRANSFER_READY,
+            "Unknown",
+            reason=REASON_INVALID,
+            message="no valid spec",
+            facts=facts,
+        )
+    if derived.proxy_health_url is None:
+        message = "no canaries: no proxy, or spec.proxy.transferCheck.enabled is false"
+        reason = REASON_NOT_REQUIRED
+    elif facts.transfers is None:
+        message, reason = "the operator does not read the proxy's canaries (--transfer-poll-interval 0)", "NotRead"
+    else:
+        status, reason, message = verdict(facts.transfers)
+        return condition(facts.previous, c.COND_TRANSFER_READY, status, reason=reason, message=message, facts=facts)
+    return condition(facts.previous, c.COND_TRANSFER_READY, "True", reason=reason, message=message, facts=facts)
+
+
 def _phase(facts: Facts, conditions: Sequence[Condition], ready_total: int) -> Phase:
     by_type = {x.type: x for x in conditions}
     if by_type[c.COND_VALID].status != "True":
@@ -257,6 +284,9 @@ def compute(facts: Facts) -> EPDDeploymentStatus:
         valid = condition(prev, c.COND_VALID, "True", reason=REASON_VALID, message="the spec is valid", facts=facts)
     role_conditions = [_role_condition(facts, observed, kind, roles, absent) for kind, roles, absent in ROLE_CONDITIONS]
     role_conditions = [_with_store(facts, x) if x.type == c.COND_STORE_READY else x for x in role_conditions]
+    transfer = _transfer_condition(facts)
+    required = facts.derived is not None and facts.derived.transfers_required
+    waited_for = [*role_conditions, transfer] if required else role_conditions
     if facts.problems:
         message = "fix the spec (see Valid); " + (
             "the children still follow the last valid spec" if observed is not None else "nothing was created"
@@ -267,14 +297,14 @@ def compute(facts: Facts) -> EPDDeploymentStatus:
         if observed is not None:
             message += "; the children still follow the last spec applied"
         ready = condition(prev, c.COND_READY, "False", reason=reason, message=message, facts=facts)
-    elif all(x.status == "True" for x in role_conditions):
+    elif all(x.status == "True" for x in waited_for):
         ready = condition(
             prev, c.COND_READY, "True", reason=REASON_ALL_READY, message="every role is ready", facts=facts
         )
     else:
-        waiting = "; ".join(f"{x.type}: {x.message}" for x in role_conditions if x.status != "True")
+        waiting = "; ".join(f"{x.type}: {x.message}" for x in waited_for if x.status != "True")
         ready = condition(prev, c.COND_READY, "False", reason=REASON_ROLES_NOT_READY, message=waiting, facts=facts)
-    conditions = [valid, *role_conditions, ready]
+    conditions = [valid, *role_conditions, transfer, ready]
 
     roles: dict[str, RoleStatus] = {}
     roles_ready: dict[str, str] = {}
@@ -300,6 +330,7 @@ def compute(facts: Facts) -> EPDDeploymentStatus:
         roles=roles,
         roles_ready=roles_ready,
         store=facts.store,
+        transfers=facts.transfers,
         conditions=conditions,
     )
 

@@ -118,6 +118,8 @@ def test_the_operators_own_pods_and_the_store_reading_interval() -> None:
         s.store_poll_interval_s == settings.DEFAULT_STORE_POLL_INTERVAL_S and parse("-A").defaults.operator_peer is None
     )
     assert parse("-A", "--store-poll-interval", "0").store_poll_interval_s == 0
+    assert s.transfer_poll_interval_s == settings.DEFAULT_TRANSFER_POLL_INTERVAL_S
+    assert parse("-A", "--transfer-poll-interval", "0").transfer_poll_interval_s == 0
     with pytest.raises(settings.SettingsError, match="--pod-namespace NS and --pod-labels"):
         parse("-A", "--pod-namespace", "epd-system")
     with pytest.raises(settings.SettingsError, match="--pod-labels"):

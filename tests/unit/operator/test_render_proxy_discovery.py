@@ -105,3 +105,25 @@ def test_the_mixed_tp_pools_each_get_their_own_size() -> None:
     for name, want in (("e-p-d-store-offload", [1, 2]), ("pools-swapped", [2, 1])):
         sizes = [w.ec.tensor_parallel_size for w in proxy_watches(bundles(SPECS[name])) if w.ec is not None]
         assert sizes == want, name
+
+
+def test_the_transfer_check_reaches_the_proxy_as_its_canary_options(tmp_path: Path) -> None:
+    """spec.proxy.transferCheck, through the rendered bundle, read by the proxy's own command line."""
+    from epd_connectors.proxy.cli import build  # noqa: PLC0415 - the proxy's CLI, only for this test
+
+    spec = copy.deepcopy(example("e-pd-mooncake-cross-encoder"))
+    for check, interval, required in (
+        ({}, 60.0, True),
+        ({"intervalSeconds": 15, "timeoutSeconds": 7, "requiredForReady": False}, 15.0, False),
+        ({"enabled": False}, 0.0, False),
+    ):
+        spec.setdefault("proxy", {})["transferCheck"] = check
+        proxy = next(b for b in bundles(spec).values() if b.role is Role.PROXY)
+        path = tmp_path / "proxy.json"
+        path.write_text(proxy.model_dump_json(by_alias=True))
+        app, _, _, _ = build(["--bundle", str(path)], environ={})
+        assert app.options.canary.interval_s == interval
+        assert app.options.canary.timeout_s == float(check.get("timeoutSeconds", 30))
+        derived = render_desired(OWNER, parse_spec(spec), OperatorDefaults()).derived
+        assert derived.transfers_required is required
+        assert (derived.proxy_health_url is None) == (interval == 0)

@@ -199,4 +199,5 @@ def test_unreadable_stored_status_parses_as_empty() -> None:
 
 
 def test_condition_types_cover_every_role_condition() -> None:
-    assert [kind for kind, _, _ in status.ROLE_CONDITIONS] == list(c.CONDITION_TYPES[1:-1])
+    assert [kind for kind, _, _ in status.ROLE_CONDITIONS] == list(c.CONDITION_TYPES[1:-2])
+    assert c.CONDITION_TYPES[-2] == c.COND_TRANSFER_READY

@@ -45,6 +45,7 @@ COND_ENCODERS_READY: Final = "EncodersReady"
 COND_PREFILL_READY: Final = "PrefillReady"
 COND_DECODE_READY: Final = "DecodeReady"
 COND_PROXY_READY: Final = "ProxyReady"
+COND_TRANSFER_READY: Final = "TransferReady"
 COND_READY: Final = "Ready"
 CONDITION_TYPES: Final = (
     COND_VALID,
@@ -53,6 +54,7 @@ CONDITION_TYPES: Final = (
     COND_PREFILL_READY,
     COND_DECODE_READY,
     COND_PROXY_READY,
+    COND_TRANSFER_READY,
     COND_READY,
 )
 

@@ -235,6 +235,21 @@ class ProxyRoutingSpec(ApiModel):
     """Send a repeated image to the encoder that already holds it."""
 
 
+class TransferCheckSpec(ApiModel):
+    """Canaries: the proxy proves each transfer path it routes (encoder -> EC consumer, prefill -> decode) with a
+    tiny request through the real backends, and keeps failing pairs out of routing; TransferReady reports them."""
+
+    enabled: bool = True
+    """Send canaries; false: every path counts as working (TransferReady says it is not checked)."""
+    interval_seconds: int = Field(default=60, ge=5, le=3600)
+    """Seconds between canaries of a path that works (a failing one is retried from 5 s on)."""
+    timeout_seconds: int = Field(default=30, ge=1, le=600)
+    """Seconds one canary may take before its path counts as failing; below the consumers' push_wait_timeout_s
+    (60 s) finds a broken push sooner."""
+    required_for_ready: bool = True
+    """Ready needs TransferReady; false: TransferReady is reported but Ready does not wait for it."""
+
+
 class ProxySpec(ApiModel):
     """The E/P/D request proxy."""
 
@@ -244,6 +259,8 @@ class ProxySpec(ApiModel):
     """Its Service."""
     routing: ProxyRoutingSpec = ProxyRoutingSpec()
     """Routing switches."""
+    transfer_check: TransferCheckSpec = TransferCheckSpec()
+    """Canaries over each transfer path, and whether Ready waits for them."""
     resources: Resources = Resources()
     """The proxy's resources (1 CPU and 1 GiB requested when empty)."""
     node_selector: LabelMap = {}

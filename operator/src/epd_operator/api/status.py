@@ -26,7 +26,7 @@ class Condition(ApiModel):
     """A standard Kubernetes condition (metav1.Condition)."""
 
     type: str
-    """Valid, StoreReady, EncodersReady, PrefillReady, DecodeReady, ProxyReady or Ready."""
+    """Valid, StoreReady, EncodersReady, PrefillReady, DecodeReady, ProxyReady, TransferReady or Ready."""
     status: Literal["True", "False", "Unknown"]
     """Whether the condition holds."""
     reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
@@ -73,6 +73,38 @@ class StoreStatus(ApiModel):
     """This deployment's tenant, when the master isolates tenants."""
 
 
+class TransferPair(ApiModel):
+    """One transfer path whose canaries fail, as the proxy reports it."""
+
+    path: Literal["ec", "kv"]
+    """ec: an encoder's push to an EC consumer; kv: a prefill's KV cache to a decode."""
+    sender: str
+    """The encoder or prefill pod (its address where the proxy does not know the pod)."""
+    receiver: str
+    """The EC consumer or decode pod."""
+    error: str = ""
+    """What the last canary got."""
+
+
+class TransferStatus(ApiModel):
+    """The transfer paths as the proxy's canaries find them (read from the proxy's /health)."""
+
+    reachable: bool = False
+    """The proxy answered with a report."""
+    message: str = ""
+    """Why there is no report."""
+    checking: bool = True
+    """The proxy sends canaries (false: it was told not to)."""
+    pairs: int = 0
+    """Pairs the proxy may route through."""
+    proven: int = 0
+    """Pairs whose last canaries passed."""
+    failing: list[TransferPair] = []
+    """Pairs out of routing, their canaries failing."""
+    slowest_ms: float = 0.0
+    """The slowest last canary of a working pair (an encode and a token, or a prefill and a token)."""
+
+
 class EPDDeploymentStatus(ApiModel):
     """Observed state of an EPDDeployment."""
 
@@ -96,5 +128,7 @@ class EPDDeploymentStatus(ApiModel):
     """"ready/desired" per role, for kubectl's columns."""
     store: StoreStatus | None = None
     """The store as its master reports it; unset without spec.store or while the operator does not read it."""
+    transfers: TransferStatus | None = None
+    """The transfer paths as the proxy's canaries find them; unset while the operator does not read them."""
     conditions: list[Condition] = []
-    """Valid, StoreReady, EncodersReady, PrefillReady, DecodeReady, ProxyReady, Ready."""
+    """Valid, StoreReady, EncodersReady, PrefillReady, DecodeReady, ProxyReady, TransferReady, Ready."""

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from epd_connectors.config.bundle import RoleBundle
+from epd_connectors.config.bundle import PROXY_READINESS_PATH, RoleBundle
 from epd_connectors.config.master import MasterConfig
 from epd_connectors.config.mooncake import MooncakeStoreConfig
 from epd_connectors.config.roles import Role
@@ -37,6 +37,10 @@ class Derived:
     """The Mooncake master's /health through its Service; None without a store."""
     master_metrics_url: str | None = None
     """The master's /metrics through its Service; None without a store."""
+    proxy_health_url: str | None = None
+    """The proxy's /health through its Service, which reports the canaries; None without a proxy or canaries."""
+    transfers_required: bool = False
+    """Ready waits for TransferReady (spec.proxy.transferCheck)."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,8 @@ def render_desired(owner: Owner, spec: EPDDeploymentSpec, defaults: OperatorDefa
     workloads = [_workload(ctx, u, jsons[u.name]) for u in all_units]
     rendered += workloads
     master = next((b.master for b in bundles.values() if b.master is not None), None)
+    endpoint = ctx.names.proxy_url(ctx.port(ctx.names.workload(Role.PROXY), ports.HTTP, spec.proxy.service.port))
+    checked = spec.proxy.transfer_check.enabled and spec.proxy.replicas > 0
     return Desired(
         objects=rendered,
         derived=Derived(
@@ -92,9 +98,11 @@ def render_desired(owner: Owner, spec: EPDDeploymentSpec, defaults: OperatorDefa
             kv_cache_prefix=ctx.kv_prefix,
             store_tp_size=ctx.store_tp,
             python_hash_seed=ctx.hash_seed,
-            endpoint=ctx.names.proxy_url(ctx.port(ctx.names.workload(Role.PROXY), ports.HTTP, spec.proxy.service.port)),
+            endpoint=endpoint,
             master_health_url=ctx.names.master_health_url(master) if master is not None else None,
             master_metrics_url=ctx.names.master_metrics_url(master) if master is not None else None,
+            proxy_health_url=endpoint + PROXY_READINESS_PATH if checked else None,
+            transfers_required=checked and spec.proxy.transfer_check.required_for_ready,
         ),
         workloads=[
             RoleWorkload(role=u.role, kind=w["kind"], name=u.name, replicas=w["spec"].get("replicas"))

@@ -62,12 +62,15 @@ def proxy_bundle(ctx: Context, units: list[Unit]) -> RoleBundle:
         return [u for u in units if u.role == role]
 
     own = next(u for u in units if u.role == Role.PROXY)
+    check = ctx.spec.proxy.transfer_check
     settings = ProxySettings(
         port=ctx.port(own.name, ports.HTTP, ports.PROXY_PORT),
         encoder_affinity=ctx.spec.proxy.routing.encoder_affinity,
         kv_protocol=KVProtocol.MOONCAKE if p2p_kv else KVProtocol.PASSIVE,
         # A static roster (derive.site: the local runner) lists every instance in the peers.
         discover=not ctx.site.network.static_roster,
+        canary_interval_s=float(check.interval_seconds) if check.enabled else 0.0,
+        canary_timeout_s=float(check.timeout_seconds),
         **ctx.bind_host,
     )
     return RoleBundle(

@@ -151,6 +151,7 @@ def running_operator(local: cluster.Cluster, say: Callable[[str], None]) -> Iter
         f"--metrics-port={metrics_port}",
         f"--liveness={liveness}",
         "--store-poll-interval=0",  # the fleet's masters are simulated pods: nothing may be sent to them
+        "--transfer-poll-interval=0",  # nor to its proxies
     ]
     log = local.files.logs / "operator.log"
     with log.open("ab") as out:

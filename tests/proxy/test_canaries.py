@@ -127,21 +127,23 @@ def test_a_consumer_no_encoder_reaches_gets_no_media_request_and_text_still_goes
     run(main)
 
 
-def test_with_every_pair_of_the_only_consumer_failing_a_media_request_fails_at_once_and_says_why() -> None:
+def test_with_every_pair_of_the_only_consumer_failing_requests_are_still_sent_there() -> None:
+    """Canaries steer requests to a working pair; where there is none, a request is not refused on the
+    canaries' word: it goes through and gets what the consumer answers (here its failure, retried nowhere)."""
+
     async def main() -> None:
-        e0, pd0 = StandIn("e0", role="encoder"), StandIn("pd0", unreachable_from={"e0"}, transfer_wait_s=1.5)
+        e0, pd0 = StandIn("e0", role="encoder"), StandIn("pd0", unreachable_from={"e0"})
         async with running(e0, pd0):
             app = ProxyApp(roster_of({Role.ENCODER: [e0], Role.PD: [pd0]}), OPTIONS)
             async with serving(app) as url, aiohttp.ClientSession() as session:
                 await until(session, url, {(e0.url, pd0.url): "failing"})
-                started = asyncio.get_running_loop().time()
                 async with session.post(url + "/v1/chat/completions", json=image_chat(1)) as answer:
-                    status, body = answer.status, await answer.json()
-                took = asyncio.get_running_loop().time() - started
-        assert status == 503, body
-        assert "working transfer path" in body["error"]["message"] and "/health" in body["error"]["message"]
-        assert took < 1.0, "answered without waiting for the consumer's push timeout"
-        assert users(pd0) == [] and users(e0) == []
+                    failed = answer.status
+                pd0.unreachable_from.clear()
+                async with session.post(url + "/v1/chat/completions", json=image_chat(2)) as answer:
+                    served = answer.status
+        assert failed == 502 and served == 200
+        assert len(users(pd0)) == 2 and len(users(e0)) == 2
 
     run(main)
 

@@ -84,4 +84,5 @@ def describe(failing: Sequence[TransferPair]) -> str:
     """Each failing pair with its error, then the fix for each kind of path that fails."""
     pairs = "; ".join(f"{p.path} {p.sender} -> {p.receiver}: {p.error}" for p in failing)
     fixes = " ".join(f"Fix ({kind}): {FIXES[kind]}." for kind in sorted({p.path for p in failing}))
-    return f"{len(failing)} transfer path(s) fail their canaries and are kept out of routing: {pairs}. {fixes}"
+    routed = "the proxy routes around them while another pair can serve"
+    return f"{len(failing)} transfer path(s) fail their canaries ({routed}): {pairs}. {fixes}"

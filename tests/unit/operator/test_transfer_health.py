@@ -44,7 +44,7 @@ def test_transfer_ready_says_which_pair_fails_and_what_to_fix() -> None:
     failing = transfer_status(health(entry("a", "b", "failing", error="500", from_pod="enc-1", to_pod="pd-0")))
     state, reason, message = verdict(failing)
     assert (state, reason) == ("False", "TransferFailing")
-    assert "ec enc-1 -> pd-0: 500" in message and "EC control ports" in message and "kept out of routing" in message
+    assert "ec enc-1 -> pd-0: 500" in message and "EC control ports" in message and "routes around them" in message
     assert verdict(transfer_status(health(entry("a", "b", "ok", latency_ms=3.0))))[:2] == ("True", "TransfersProven")
     assert verdict(transfer_status(health(entry("a", "b", "unchecked"))))[:2] == ("Unknown", "Checking")
     assert verdict(transfer_status(health(canaries="off")))[:2] == ("True", "NotChecked")

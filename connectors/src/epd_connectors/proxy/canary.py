@@ -7,7 +7,8 @@ only after the consumer's push_wait_timeout_s, with nothing in any log. So every
 through (encoder -> EC consumer; prefill -> decode) gets a canary through the real request path (`Flow.through`)
 with both of its instances fixed: a fresh random image, so no cache can answer in place of the transfer, and
 one token. A pair that fails `Canary.failures` canaries in a row leaves routing (`Roster.failing`) until one
-passes again. New pairs are checked at once, working ones every `interval_s`, failing ones from `retry_s` on.
+passes again, as long as another pair can take its requests (a request with no other way is still sent).
+New pairs are checked at once, working ones every `interval_s`, failing ones from `retry_s` on.
 `report` is what /health shows of each pair.
 """
 

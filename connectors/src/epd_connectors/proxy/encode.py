@@ -81,8 +81,7 @@ class EncodeStage:
             missing = [item for item, encoder in assignment if encoder is None]
             if missing:
                 if last_error is None:
-                    reachable = " whose push reaches the chosen consumer" if avoid else ""
-                    raise NoInstanceError(f"no healthy encoder{reachable} to send the request's media to")
+                    raise NoInstanceError("no healthy encoder to send the request's media to")
                 raise _giving_up(missing, last_error, answered)
             plan = batches(
                 [(item, encoder) for item, encoder in assignment if encoder is not None],

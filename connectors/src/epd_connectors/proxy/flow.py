@@ -38,8 +38,6 @@ from epd_connectors.proxy.settings import ProxyOptions
 
 _T = TypeVar("_T")
 
-_NO_PATH = " with a working transfer path (the canaries of the others fail; the proxy's /health names the pairs)"
-
 DP_RANK_HEADER = "X-data-parallel-rank"
 """vLLM's header naming the data-parallel replica that must serve a request (the one the encoder pushed to)."""
 
@@ -119,19 +117,28 @@ class Flow:
         return self._via_consumer(request, items, consumer, route)
 
     def _consumers_no_encoder_reaches(self) -> frozenset[str]:
-        """Consumers that no healthy encoder's push reaches: a media request must not go there."""
+        """Consumers that no healthy encoder's push reaches: a media request goes elsewhere if it can."""
         encoders = {i.url for i in self.roster.instances(Role.ENCODER) if i.healthy}
         consumers = self.roster.instances(self.roster.consumer_role)
-        return frozenset(c.url for c in consumers if encoders and encoders <= self.roster.failing_senders(c.url))
+        avoid = frozenset(c.url for c in consumers if encoders and encoders <= self.roster.failing_senders(c.url))
+        return self._unless_all(self.roster.consumer_role, avoid)
+
+    def _unless_all(self, role: Role, avoid: frozenset[str]) -> frozenset[str]:
+        """`avoid`, unless it holds every healthy instance of `role`: a failing canary steers requests to a
+        working pair, but never refuses one that has no other way (the canary may be the one that is wrong,
+        and a request that fails anyway fails as it would have)."""
+        if avoid and all(i.url in avoid for i in self.roster.instances(role) if i.healthy):
+            return frozenset()
+        return avoid
 
     def _avoided(
         self, role: Role, pinned: str | None, failing: Callable[[str], frozenset[str]], url: str
     ) -> frozenset[str]:
         """The instances of `role` a stage after `url` must not use: all but the pinned one (a canary), else
-        those whose transfer with `url` fails."""
+        those whose transfer with `url` fails (while another is left)."""
         if pinned is not None:
             return frozenset(i.url for i in self.roster.instances(role) if i.url != pinned)
-        return failing(url) if self.roster.failing else frozenset()
+        return self._unless_all(role, failing(url)) if self.roster.failing else frozenset()
 
     async def _with_retries(
         self, role: Role, attempt: Callable[[Instance], Awaitable[Answer]], avoid: frozenset[str] = frozenset()
@@ -145,7 +152,7 @@ class Flow:
             url = routing.least_outstanding(self.roster.candidates(role), tried, self._tiebreak)
             instance = self.roster.get(role, url) if url is not None else None
             if instance is None:
-                raise last or NoInstanceError(f"no healthy {role.value} instance" + (_NO_PATH if avoid else ""))
+                raise last or NoInstanceError(f"no healthy {role.value} instance")
             try:
                 return await attempt(instance)
             except ProxyError as error:

@@ -177,6 +177,7 @@ def deployed(
     *,
     label: str,
     max_surge: int = 0,
+    transfer_check: dict[str, Any] | None = None,
 ) -> Iterator[RealEPD]:
     """The example applied with realdeploy's changes, Ready, its proxy forwarded; deleted at the end, and gone
     (every child and container) before the next one starts."""
@@ -185,7 +186,7 @@ def deployed(
     shared.mkdir(parents=True, exist_ok=True)
     os.chown(shared, RUN_AS_USER, RUN_AS_USER)
     site = realdeploy.RealNodeSite(cpu_tags()["vllm"], tiny_model_for_pods(tiny_model), shared)
-    owner, manifest = realdeploy.manifest(example, site, max_surge=max_surge)
+    owner, manifest = realdeploy.manifest(example, site, max_surge=max_surge, transfer_check=transfer_check)
     kubectl = real.kubectl
     began = time.monotonic()
     kubectl.apply(json.dumps(manifest))

@@ -60,6 +60,11 @@ LOAD: list[list[dict[str, Any]] | str] = [
 """What the load sends, in turn."""
 ROLL_TIMEOUT_S = 1200.0
 STORE_BACK_S = 300.0
+CANARIES = {"intervalSeconds": 15, "timeoutSeconds": 10}
+"""spec.proxy.transferCheck: a canary per path every 15 s (60 by default), so a broken path shows in seconds."""
+TRANSFER_S = 180.0
+"""How long a path's break or repair may take to show in TransferReady: two failed canaries (10 s each, 5 s
+apart) after at most one interval, or one passing canary after the backoff, and the operator's next reading."""
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +75,9 @@ def epd(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[RealEPD]:
     workdir = tmp_path_factory.mktemp("e-p-d")
-    with deployed(request, real_cluster, EXAMPLE, tiny_model, workdir, label="E+P+D", max_surge=1) as it:
+    with deployed(
+        request, real_cluster, EXAMPLE, tiny_model, workdir, label="E+P+D", max_surge=1, transfer_check=CANARIES
+    ) as it:
         ask(it.endpoint, chat("Warm up the transfer engines, please."))
         yield it
 
@@ -188,6 +195,84 @@ def test_the_encoders_scale_to_two_under_load_and_the_proxy_follows(epd: RealEPD
     TIMINGS.add(f"real pods: scale-out under load: {load.sent} requests, failed", float(len(load.failed)))
     assert not load.failed and not load.wrong, (load.failed, load.wrong)
     assert len([p for p in epd.pods() if p["metadata"]["labels"][c.LABEL_COMPONENT] == "encoder"]) == 2
+
+
+def test_an_encoder_that_cannot_reach_the_prefill_is_routed_around_until_the_path_is_repaired(
+    epd: RealEPD, baseline: VllmInstance, real_cluster: RealCluster
+) -> None:
+    """The EC path of one encoder to the prefill is broken on purpose: inside the prefill pod's network namespace,
+    TCP from that encoder's pod IP to the prefill's EC control ports is dropped (as a NetworkPolicy or a firewall
+    would). Every pod stays Ready; the proxy's canaries find the pair, TransferReady names it, no user request
+    goes through that encoder, and answers stay the baseline's; once the rule is gone it recovers by itself."""
+    pods = epd.pods()
+    encoders = sorted((p for p in pods if p["metadata"]["labels"][c.LABEL_COMPONENT] == "encoder"), key=_name)
+    (prefill,) = (p for p in pods if p["metadata"]["labels"][c.LABEL_COMPONENT] == "prefill")
+    cut, kept = encoders[-1], encoders[0]
+    cut_url = f"http://{cut['status']['podIP']}:{ports_of(cut)['http']}"
+    ec_ports = [port for name, port in ports_of(prefill).items() if name.startswith("ec")]
+    assert ec_ports, ports_of(prefill)
+    eventually(lambda: _transfer_ready(epd) == "True", "TransferReady True before the break", TRANSFER_S)
+    pid = nodehost.pod_pid(real_cluster.local.node_files, epd.namespace, _name(prefill))
+    began = time.monotonic()
+    nodehost.block(pid, cut["status"]["podIP"], ec_ports)
+    try:
+        failing = eventually(lambda: _failing(epd), "TransferReady False naming the cut pair", TRANSFER_S, poll_s=2)
+        TIMINGS.add("real pods: an EC path cut, until TransferReady names it", time.monotonic() - began)
+        message = next(x["message"] for x in epd.get()["status"]["conditions"] if x["type"] == "TransferReady")
+        assert f"ec {_name(cut)} -> {_name(prefill)}" in message and "EC control ports" in message, message
+        assert [(f["sender"], f["receiver"]) for f in failing] == [(_name(cut), _name(prefill))], failing
+        assert _name(kept) not in message
+        assert all(s["ready"] for p in epd.pods() for s in p["status"]["containerStatuses"]), "every pod Ready"
+        conditions = {x["type"]: x["status"] for x in epd.get()["status"]["conditions"]}
+        assert all(conditions[kind] == "True" for kind in ROLE_CONDITIONS), conditions
+        assert conditions["Ready"] == "False", conditions
+
+        before = _served_by(epd, cut_url)
+        for seed in range(40, 48):
+            content = [image(seed), text("What is this?")]
+            assert ask(epd.endpoint, chat(content)) == tokens(baseline.post("/v1/chat/completions", chat(content)))
+        assert _served_by(epd, cut_url) == before, "a user request went through the cut encoder"
+    finally:
+        nodehost.unblock(pid)
+    repaired = time.monotonic()
+    eventually(lambda: _transfer_ready(epd) == "True", "TransferReady True once the path works", TRANSFER_S, poll_s=2)
+    TIMINGS.add("real pods: the EC path repaired, until TransferReady is True", time.monotonic() - repaired)
+    eventually(lambda: is_ready(epd.get()), "Ready again", 60)
+    transfers = epd.get()["status"]["transfers"]
+    TIMINGS.add("real pods: slowest canary of a working path (ms)", float(transfers["slowestMs"]))
+    assert transfers["failing"] == [] and transfers["proven"] == transfers["pairs"] >= 3, transfers
+    before = _served_by(epd, cut_url)
+    for seed in range(48, 64):
+        ask(epd.endpoint, chat([image(seed), text("And this?")]))
+    assert _served_by(epd, cut_url) > before, "the repaired encoder serves users again"
+
+
+ROLE_CONDITIONS = ("EncodersReady", "PrefillReady", "DecodeReady", "ProxyReady", "StoreReady")
+
+
+def _name(pod: dict[str, Any]) -> str:
+    return str(pod["metadata"]["name"])
+
+
+def ports_of(pod: dict[str, Any]) -> dict[str, int]:
+    (container,) = pod["spec"]["containers"]
+    return {p["name"]: p["containerPort"] for p in container.get("ports", []) if "name" in p}
+
+
+def _transfer_ready(epd: RealEPD) -> str:
+    found = next((x for x in epd.get()["status"]["conditions"] if x["type"] == "TransferReady"), None)
+    return str(found["status"]) if found else ""
+
+
+def _failing(epd: RealEPD) -> list[dict[str, Any]] | None:
+    status = epd.get()["status"]
+    failing: list[dict[str, Any]] = (status.get("transfers") or {}).get("failing") or []
+    return failing if failing and _transfer_ready(epd) == "False" else None
+
+
+def _served_by(epd: RealEPD, encoder_url: str) -> float:
+    """Client requests the proxy sent to this encoder (its canaries count elsewhere)."""
+    return total(epd.metrics(Role.PROXY), "epd_proxy_backend_requests_total", role="encoder", instance=encoder_url)
 
 
 def test_a_model_revision_rolls_the_model_roles_under_load(epd: RealEPD, load: Load) -> None:

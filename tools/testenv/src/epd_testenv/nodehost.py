@@ -172,6 +172,43 @@ def pod_containers(files: realnode.NodeFiles, namespace: str) -> list[str]:
     return found
 
 
+def pod_pid(files: realnode.NodeFiles, namespace: str, pod: str) -> int:
+    """The host PID of a running container of a pod (any of them: they share the pod's network namespace)."""
+    ctr = files.ctr
+    tasks = {}
+    for line in _run(*ctr, "tasks", "list").stdout.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 3 and fields[2] == "RUNNING":
+            tasks[fields[0]] = int(fields[1])
+    for cid in pod_containers(files, namespace):
+        info = json.loads(_run(*ctr, "containers", "info", cid, check=False).stdout or "{}")
+        if (info.get("Labels") or {}).get("io.kubernetes.pod.name") == pod and cid in tasks:
+            return tasks[cid]
+    raise HostError(f"no running container of pod {namespace}/{pod}")
+
+
+BLOCK_TABLE = "epd_test_block"
+"""The nftables table a test adds inside one pod's network namespace (gone with the pod, or `unblock`)."""
+
+
+def block(pid: int, source: str, ports: list[int]) -> None:
+    """Drop TCP from `source` to `ports` inside the network namespace of process `pid`: a path broken on
+    purpose, as a NetworkPolicy or a firewall would, touching nothing outside that pod."""
+    ruleset = (
+        f"table inet {BLOCK_TABLE} {{ chain input {{ type filter hook input priority -10; policy accept; "
+        f"ip saddr {source} tcp dport {{ {', '.join(str(p) for p in ports)} }} drop; }} }}\n"
+    )
+    result = subprocess.run(
+        ["nsenter", "-t", str(pid), "-n", "nft", "-f", "-"], input=ruleset, capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise HostError(f"nft in the netns of {pid}: {result.stderr.strip()}")
+
+
+def unblock(pid: int) -> None:
+    _run("nsenter", "-t", str(pid), "-n", "nft", "delete", "table", "inet", BLOCK_TABLE, check=False)
+
+
 def _kill_shims(files: realnode.NodeFiles) -> None:
     """containerd's shims outlive it; ours name our socket on their command line."""
     socket = str(files.containerd_socket)

@@ -47,13 +47,16 @@ def manifest(
     max_surge: int = 0,
     name: str | None = None,
     namespace: str | None = None,
+    transfer_check: dict[str, Any] | None = None,
 ) -> tuple[Owner, dict[str, Any]]:
     """The example's owner and the EPDDeployment to apply; `max_surge` for the model roles' rollouts (the node
-    has GPUs to spare); `name` and `namespace` replace the example's."""
+    has GPUs to spare); `name` and `namespace` replace the example's; `transfer_check` is spec.proxy's."""
     owner, spec = plan.load_manifest(example)
     owner = dataclasses.replace(owner, name=name or owner.name, namespace=namespace or owner.namespace)
     spec, _ = profile.apply_profile(spec, profile.CPU)
     body = spec_for_real_node(spec, site, max_surge=max_surge)
+    if transfer_check is not None:
+        body["proxy"]["transferCheck"] = transfer_check
     return owner, {
         "apiVersion": c.API_VERSION,
         "kind": c.KIND,

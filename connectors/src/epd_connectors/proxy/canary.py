@@ -159,25 +159,18 @@ class Canaries:
         self._running: dict[Pair, asyncio.Task[None]] = {}
         self._counter = 0
 
-    async def round(self) -> None:
-        """A canary for each pair that is due, awaited (the loop does not wait: a slow canary must not hold
-        up a new pair's)."""
-        await asyncio.gather(*self._start_due())
-
-    def _start_due(self) -> list[asyncio.Task[None]]:
-        """Start a canary for each due pair that has none running; forget pairs that left the roster."""
+    def _start_due(self) -> None:
+        """Start a canary for each due pair that has none running (each a task of its own: a slow canary must
+        not hold up a new pair's); forget pairs that left the roster."""
         pairs = pairs_of(self._roster)
         self.states = {pair: self.states.get(pair) or PairState() for pair in pairs}
         self._sync()
         now = time.monotonic()
-        started = []
         for pair in pairs:
             if pair not in self._running and is_due(self.states[pair], now, self._canary):
                 task = asyncio.create_task(self.check(pair), name=f"epd-proxy-canary-{pair.path}")
                 task.add_done_callback(functools.partial(self._finished, pair))
                 self._running[pair] = task
-                started.append(task)
-        return started
 
     def _finished(self, pair: Pair, _: asyncio.Task[None]) -> None:
         self._running.pop(pair, None)
@@ -198,9 +191,9 @@ class Canaries:
         if record(state, error, time.monotonic() - started, time.monotonic(), self._canary):
             self._sync()
             if state.failing:
-                log.warning("%s %s -> %s fails its canaries; out of routing: %s", *pair, error)
+                log.warning("%s %s -> %s fails its canaries; routed around while another pair serves: %s", *pair, error)
             else:
-                log.warning("%s %s -> %s passed its canary; back in routing", *pair)
+                log.warning("%s %s -> %s passed its canary; routed again", *pair)
 
     async def _send(self, pair: Pair) -> str | None:
         """None when the canary passed; else why not. _UnprovenError when it says nothing about the pair."""

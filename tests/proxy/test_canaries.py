@@ -20,6 +20,8 @@ from epd_connectors.proxy.app import ProxyApp
 from epd_connectors.proxy.canary import REQUEST_ID_PREFIX
 from epd_connectors.proxy.roster import InstanceSpec
 from epd_connectors.proxy.settings import Canary, ProxyOptions
+from epd_operator.transfer_health import verdict
+from epd_operator.transfer_watch import read_proxy
 from tests.proxy.harness import FAST, roster_of, run, serving
 from tests.proxy.stand_ins import StandIn, running
 
@@ -202,5 +204,33 @@ def test_a_pair_whose_instance_leaves_is_forgotten_and_a_new_one_is_checked_at_o
                 roster.replace(Role.PD, [InstanceSpec(pd1.url, name="pd1-pod")], healthy=True)
                 report = await until(session, url, {(e0.url, pd1.url): "ok"})
                 assert set(report) == {(e0.url, pd1.url)} and report[e0.url, pd1.url]["to_pod"] == "pd1-pod"
+
+    run(main)
+
+
+def test_the_operator_reads_the_failing_pair_from_the_proxys_health_even_while_it_answers_503() -> None:
+    """The operator's reading (transfer_watch.read_proxy, then TransferReady's verdict) of this real proxy."""
+
+    async def main() -> None:
+        e0, e1 = StandIn("e0", role="encoder"), StandIn("e1", role="encoder")
+        p0, d0 = StandIn("p0", unreachable_from={"e1"}), StandIn("d0")
+        async with running(e0, e1, p0, d0):
+            app = ProxyApp(roster_of({Role.ENCODER: [e0, e1], Role.PREFILL: [p0], Role.DECODE: [d0]}), OPTIONS)
+            async with serving(app) as url, aiohttp.ClientSession() as session:
+                pairs = {(e1.url, p0.url): "failing", (e0.url, p0.url): "ok", (p0.url, d0.url): "ok"}
+                await until(session, url, pairs)
+                report = await read_proxy(url + "/health")
+                d0.health = 503  # the only decode fails its probes: /health answers 503, with the report
+                while (await session.get(url + "/health")).status != 503:
+                    await asyncio.sleep(0.05)
+                unready = await read_proxy(url + "/health")
+        assert (report.pairs, report.proven, [(f.sender, f.receiver) for f in report.failing]) == (
+            3,
+            2,
+            [(e1.url, p0.url)],
+        )
+        state, reason, message = verdict(report)
+        assert (state, reason) == ("False", "TransferFailing") and f"ec {e1.url} -> {p0.url}" in message
+        assert unready.reachable and unready.failing == report.failing
 
     run(main)

@@ -18,12 +18,9 @@ from epd_operator.transfer_health import transfer_status
 
 
 async def read_proxy(health_url: str) -> TransferStatus:
-    """The proxy's canary report, or why there is none. Its /health is 503 while a role has no healthy
-    instance, and still carries the report."""
+    """The proxy's canary report, or why there is none."""
     try:
-        body = await asyncio.to_thread(get_text, health_url)
-    except urllib.error.HTTPError as exc:  # a 503 still carries the report
-        body = exc.read().decode(errors="replace")
+        body = await asyncio.to_thread(_get_report, health_url)
     except OSError as exc:
         return transfer_status(None, error=f"{health_url}: {exc}")
     try:
@@ -33,6 +30,14 @@ async def read_proxy(health_url: str) -> TransferStatus:
     if not isinstance(parsed, dict):
         return transfer_status(None, error=f"{health_url} answered {body[:100]!r}, not a JSON object")
     return transfer_status(parsed)
+
+
+def _get_report(url: str) -> str:
+    """/health's body: a 503 (a role without a healthy instance) carries the report too."""
+    try:
+        return get_text(url)
+    except urllib.error.HTTPError as exc:
+        return str(exc.read().decode(errors="replace"))
 
 
 async def _read(derived: Derived) -> TransferStatus:

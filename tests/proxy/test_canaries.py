@@ -234,3 +234,19 @@ def test_the_operator_reads_the_failing_pair_from_the_proxys_health_even_while_i
         assert unready.reachable and unready.failing == report.failing
 
     run(main)
+
+
+def test_a_decode_that_never_answers_fails_its_kv_pair_and_is_not_blamed_on_the_encoders() -> None:
+    """An EC canary into a prefill runs on to a decode; each stage has the canary's limit, so the decode's
+    timeout is the KV pair's failure and says nothing about the encoder's push."""
+
+    async def main() -> None:
+        e0, p0, d0 = StandIn("e0", role="encoder"), StandIn("p0"), StandIn("d0", delay_s=CANARY.timeout_s * 2)
+        async with running(e0, p0, d0):
+            app = ProxyApp(roster_of({Role.ENCODER: [e0], Role.PREFILL: [p0], Role.DECODE: [d0]}), OPTIONS)
+            async with serving(app) as url, aiohttp.ClientSession() as session:
+                report = await until(session, url, {(p0.url, d0.url): "failing"})
+        assert report[e0.url, p0.url]["state"] != "failing", report[e0.url, p0.url]
+        assert report[p0.url, d0.url]["error"].startswith(f"decode {d0.url} sent nothing for {CANARY.timeout_s} s")
+
+    run(main)

@@ -66,12 +66,18 @@ class ProxyApp:
         self.metrics = ProxyMetrics()
         self.backend = Backend(options.timeouts)
         timeouts = options.timeouts
-        self.deadlines = Deadlines(timeouts.total, timeouts.first_token, timeouts.prefill)
+        self.deadlines = Deadlines(timeouts.total, timeouts.first_token, timeouts.prefill, options.canary.timeout_s)
         self.flow = Flow(roster, self.backend, options, self.metrics, self.deadlines)
         self.prober = Prober(roster, self.backend, options.limits, options.timeouts)
-        # Canaries go through a flow of their own: no retries elsewhere (the pair is fixed), and counters of
-        # their own (the proxy's metrics count users' requests).
-        canary_options = replace(options, limits=replace(options.limits, retries=0))
+        # Canaries go through a flow of their own: no retries elsewhere (the pair is fixed), the canary's time
+        # limit on each stage (so a timeout names its stage, and a decode's is not blamed on an EC pair), and
+        # counters of their own (the proxy's metrics count users' requests).
+        limit = options.canary.timeout_s
+        canary_options = replace(
+            options,
+            limits=replace(options.limits, retries=0),
+            timeouts=replace(timeouts, encode=limit, prefill=limit, first_token=limit),
+        )
         canary_flow = Flow(roster, self.backend, canary_options, ProxyMetrics(), self.deadlines)
         self.canaries = Canaries(roster, canary_flow, options.canary)
         self._discovery = discovery

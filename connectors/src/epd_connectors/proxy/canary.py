@@ -29,7 +29,7 @@ from enum import StrEnum
 from typing import Any, NamedTuple
 
 from epd_connectors.config.roles import Role
-from epd_connectors.proxy.errors import ProxyError
+from epd_connectors.proxy.errors import ProxyError, StageTimeoutError
 from epd_connectors.proxy.flow import ClientRequest, Flow, Route
 from epd_connectors.proxy.roster import Roster
 from epd_connectors.proxy.settings import Canary
@@ -41,6 +41,8 @@ IMAGE_SIDE = 56
 PROMPT_WORDS = 48
 """Random words in a KV canary's prompt: more than one KV block (32 tokens on the CPU), so a block transfers."""
 REQUEST_ID_PREFIX = "epd-canary-"
+WHOLE_LIMIT_STAGES = 3
+"""A canary's whole time limit, in stage limits: encode, prefill, decode."""
 TICK_S = 1.0
 """Seconds between looks for due pairs (a look costs a walk over the pairs, nothing sent)."""
 
@@ -214,14 +216,15 @@ class Canaries:
             f"{REQUEST_ID_PREFIX}{os.getpid():x}-{self._counter}",
         )
         answer = None
-        try:
-            async with asyncio.timeout(self._canary.timeout_s):
+        try:  # each stage has the canary's time limit (the app's canary flow); this bounds the whole
+            async with asyncio.timeout(self._canary.timeout_s * WHOLE_LIMIT_STAGES):
                 answer = await self._flow.through(request, consumer, route)
         except TimeoutError:
-            return (
-                f"no answer within {self._canary.timeout_s} s: the {receiver_role.value} waits for a transfer that "
-                "does not arrive"
-            )
+            return f"no answer within {self._canary.timeout_s * WHOLE_LIMIT_STAGES} s"
+        except StageTimeoutError as exc:
+            if pair.path is TransferPath.EC and exc.role_of_failure is Role.DECODE:
+                raise _UnprovenError from exc
+            return f"{exc.message}: the {receiver_role.value} waits for a transfer that does not arrive"
         except ProxyError as exc:
             if pair.path is TransferPath.EC and exc.role_of_failure is Role.DECODE:
                 raise _UnprovenError from exc  # the push worked; the decode after it is another pair's business

@@ -119,9 +119,16 @@ def options_from(given: Layered, bundle: ProxySettings) -> s.ProxyOptions:
             interval_s=given.value(
                 "canary_interval", _or(bundle.canary_interval_s, s.DEFAULT_CANARY_INTERVAL_S), float
             ),
-            timeout_s=given.value("canary_timeout", _or(bundle.canary_timeout_s, s.DEFAULT_CANARY_TIMEOUT_S), float),
+            timeout_s=max(
+                MIN_CANARY_TIMEOUT_S,
+                given.value("canary_timeout", _or(bundle.canary_timeout_s, s.DEFAULT_CANARY_TIMEOUT_S), float),
+            ),
         ),
     )
+
+
+MIN_CANARY_TIMEOUT_S = 0.1
+"""The request path's deadline sweep runs every quarter of the shortest limit: a zero would make it spin."""
 
 
 def _or(value: float | None, default: float) -> float:

@@ -60,11 +60,13 @@ LOAD: list[list[dict[str, Any]] | str] = [
 """What the load sends, in turn."""
 ROLL_TIMEOUT_S = 1200.0
 STORE_BACK_S = 300.0
-CANARIES = {"intervalSeconds": 15, "timeoutSeconds": 10}
-"""spec.proxy.transferCheck: a canary per path every 15 s (60 by default), so a broken path shows in seconds."""
-TRANSFER_S = 180.0
+CANARIES = {"timeoutSeconds": 10}
+"""spec.proxy.transferCheck: a canary gives up after 10 s (30 by default), so a broken path shows sooner; the
+interval stays 60 s, so few canaries land among the decode counters the first tests read (serve_case)."""
+TRANSFER_S = 240.0
 """How long a path's break or repair may take to show in TransferReady: two failed canaries (10 s each, 5 s
-apart) after at most one interval, or one passing canary after the backoff, and the operator's next reading."""
+apart) after at most one interval (60 s), or one passing canary after the backoff, and the operator's next
+reading (10 s)."""
 
 
 @pytest.fixture(scope="module")

@@ -196,7 +196,7 @@ def block(pid: int, source: str, ports: list[int]) -> None:
     purpose, as a NetworkPolicy or a firewall would, touching nothing outside that pod."""
     ruleset = (
         f"table inet {BLOCK_TABLE} {{ chain input {{ type filter hook input priority -10; policy accept; "
-        f"ip saddr {source} tcp dport {{ {', '.join(str(p) for p in ports)} }} drop; }} }}\n"
+        f"ip saddr {source} tcp dport {{ {', '.join(str(p) for p in ports)} }} drop; }}; }}\n"
     )
     result = subprocess.run(
         ["nsenter", "-t", str(pid), "-n", "nft", "-f", "-"], input=ruleset, capture_output=True, text=True, check=False

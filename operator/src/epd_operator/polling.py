@@ -9,6 +9,8 @@ it answers again.
 from __future__ import annotations
 
 import asyncio
+import json
+import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -93,3 +95,25 @@ def get_text(url: str) -> str:
     """GET `url` (blocking: run it in a thread); its body, OSError when there is none."""
     with DIRECT.open(url, timeout=READ_TIMEOUT_S) as answer:
         return str(answer.read().decode(errors="replace"))
+
+
+async def get_object(url: str, *, error_body: bool = False) -> dict[str, Any]:
+    """GET `url` for a JSON object (in a thread). OSError when there is no answer (with `error_body`, an error
+    status's body counts as the answer); ValueError, saying what came, when it is not a JSON object."""
+    try:
+        body = await asyncio.to_thread(get_text, url)
+    except urllib.error.HTTPError as exc:
+        if not error_body:
+            raise
+        body = await asyncio.to_thread(_body_of, exc)
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"answered {body[:100]!r}, not a JSON object")
+    return parsed
+
+
+def _body_of(error: urllib.error.HTTPError) -> str:
+    return str(error.read().decode(errors="replace"))

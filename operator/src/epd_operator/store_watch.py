@@ -8,10 +8,9 @@ a master that restarts shows as MasterUnreachable until it serves again.
 from __future__ import annotations
 
 import asyncio
-import json
 
 from epd_operator.api.status import StoreStatus
-from epd_operator.polling import Poll, get_text
+from epd_operator.polling import Poll, get_object, get_text
 from epd_operator.render import Derived
 from epd_operator.store_health import store_events, store_status
 
@@ -19,14 +18,11 @@ from epd_operator.store_health import store_events, store_status
 async def read_master(health_url: str, metrics_url: str, tenant_id: str) -> StoreStatus:
     """The master's report, or why there is none."""
     try:
-        health = await asyncio.to_thread(get_text, health_url)
+        health = await get_object(health_url)
         metrics = await asyncio.to_thread(get_text, metrics_url)
-        parsed = json.loads(health)
     except (OSError, ValueError) as exc:
         return store_status(None, None, tenant_id, error=f"{health_url}: {exc}")
-    if not isinstance(parsed, dict):
-        return store_status(None, None, tenant_id, error=f"{health_url} answered {health[:100]!r}, not a JSON object")
-    return store_status(parsed, metrics, tenant_id)
+    return store_status(health, metrics, tenant_id)
 
 
 async def _read(derived: Derived) -> StoreStatus:

@@ -7,37 +7,19 @@ canaries against the same instances.
 
 from __future__ import annotations
 
-import asyncio
-import json
-import urllib.error
-
 from epd_operator.api.status import TransferStatus
-from epd_operator.polling import Poll, get_text
+from epd_operator.polling import Poll, get_object
 from epd_operator.render import Derived
 from epd_operator.transfer_health import transfer_status
 
 
 async def read_proxy(health_url: str) -> TransferStatus:
-    """The proxy's canary report, or why there is none."""
+    """The proxy's canary report, or why there is none. A 503 (a role without a healthy instance) carries
+    the report too."""
     try:
-        body = await asyncio.to_thread(_get_report, health_url)
-    except OSError as exc:
+        return transfer_status(await get_object(health_url, error_body=True))
+    except (OSError, ValueError) as exc:
         return transfer_status(None, error=f"{health_url}: {exc}")
-    try:
-        parsed = json.loads(body)
-    except ValueError:
-        parsed = None
-    if not isinstance(parsed, dict):
-        return transfer_status(None, error=f"{health_url} answered {body[:100]!r}, not a JSON object")
-    return transfer_status(parsed)
-
-
-def _get_report(url: str) -> str:
-    """/health's body: a 503 (a role without a healthy instance) carries the report too."""
-    try:
-        return get_text(url)
-    except urllib.error.HTTPError as exc:
-        return str(exc.read().decode(errors="replace"))
 
 
 async def _read(derived: Derived) -> TransferStatus:

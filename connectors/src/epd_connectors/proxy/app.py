@@ -104,7 +104,7 @@ class ProxyApp:
         if path == PROXY_LIVENESS_PATH and method in ("GET", "HEAD"):
             return _send_json(reply, 200, {"status": "serving"})
         if path == "/metrics" and method == "GET":
-            return reply.send(200, CONTENT_TYPE.encode(), self.metrics.render(self.roster, self.canaries.report()))
+            return reply.send(200, CONTENT_TYPE.encode(), self.metrics.render(self.roster, self.canaries.verdicts()))
         if path == "/v1/models" and method == "GET":
             return self._models(reply)
         return _send_json(reply, 404, {"error": {"message": f"no route {method} {path}", "code": 404}})

@@ -78,6 +78,11 @@ class PairState:
     checked_at: float = 0.0
     """time.monotonic() of the last canary."""
 
+    @property
+    def verdict(self) -> str:
+        """ok, failing (out of routing) or unchecked."""
+        return "failing" if self.failing else ("ok" if self.checked else "unchecked")
+
 
 def pairs_of(roster: Roster) -> list[Pair]:
     """Every pair routing may use now: healthy senders with healthy receivers (pure)."""
@@ -242,6 +247,10 @@ class Canaries:
         decodes = [i.url for i in self._roster.instances(Role.DECODE) if i.healthy and i.url not in failing]
         return decodes[self._counter % len(decodes)] if decodes else None
 
+    def verdicts(self) -> list[tuple[str, str]]:
+        """(path, verdict) of each pair, for the metrics (no report built per scrape)."""
+        return [(pair.path.value, state.verdict) for pair, state in self.states.items()]
+
     def report(self) -> list[dict[str, Any]]:
         """Each pair's last result, for /health (names are the pods' where discovery knows them)."""
         now = time.monotonic()
@@ -293,7 +302,7 @@ def _entry(roster: Roster, pair: Pair, state: PairState, now: float) -> dict[str
         "to_role": receivers[0].value,
         "from_pod": _name(roster, pair.sender, senders),
         "to_pod": _name(roster, pair.receiver, receivers),
-        "state": "failing" if state.failing else ("ok" if state.checked else "unchecked"),
+        "state": state.verdict,
         "failures": state.failures,
         "error": state.error,
     }

@@ -11,8 +11,7 @@ scraped: prometheus_client takes a lock, and a histogram walks its buckets, on e
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -142,12 +141,12 @@ class ProxyMetrics:
         self.affinity.labels("hit" if hit else "miss").inc()
         self.affinity_ratio.set(self._hits / self._items)
 
-    def render(self, roster: Roster, transfers: Sequence[Mapping[str, Any]] = ()) -> bytes:
+    def render(self, roster: Roster, transfers: Iterable[tuple[str, str]] = ()) -> bytes:
         """The exposition text, with the roster, in-flight and transfer gauges read now (nothing per request);
-        `transfers` are the canaries' report entries."""
-        counts = {(path, state): 0 for path in ("ec", "kv") for state in ("ok", "failing", "unchecked")}
-        for entry in transfers:
-            counts[entry["path"], entry["state"]] += 1
+        `transfers` are the canaries' (path, verdict) per pair."""
+        counts = dict.fromkeys(((path, state) for path in ("ec", "kv") for state in ("ok", "failing", "unchecked")), 0)
+        for key in transfers:
+            counts[key] += 1
         for (path, state), count in counts.items():
             self.transfer_pairs.labels(path, state).set(count)
         for role in roster.roles:

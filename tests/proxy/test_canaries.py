@@ -42,8 +42,9 @@ async def transfers(session: aiohttp.ClientSession, url: str) -> dict[tuple[str,
 
 
 async def until(session: aiohttp.ClientSession, url: str, states: dict[tuple[str, str], str]) -> dict[Any, Any]:
-    """The proxy's transfer report once each named pair is in its state (5 s at most)."""
-    for _ in range(100):
+    """The proxy's transfer report once each named pair is in its state (20 s at most: two canaries that each
+    wait out a 2 s limit take about 5 s on an idle machine, longer on a loaded one)."""
+    for _ in range(400):
         report = await transfers(session, url)
         if all(report.get(pair, {}).get("state") == state for pair, state in states.items()):
             return report

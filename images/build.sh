@@ -76,6 +76,9 @@ build() {
   if [ "$builder" = docker ]; then
     DOCKER_BUILDKIT=1 docker build "${args[@]}" .
   else
+    # The stale build goes first: a vLLM image beside its rebuild (and the commit's copy in TMPDIR) would need
+    # three times its 6 GB at once.
+    buildah rmi "$tag" >/dev/null 2>&1 || true
     local mounts=("${lent[@]}")
     [ -n "$flavored" ] && [ -d "$pip_cache" ] && mounts+=(--volume "$pip_cache:/var/cache/epd-pip")
     # No --layers: buildah 1.28 then skips a cached stage that a later RUN --mount=type=bind,from= needs.

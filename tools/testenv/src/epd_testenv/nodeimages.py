@@ -3,7 +3,7 @@ storage (buildah/podman, images/build.sh) into containerd, where the kubelet fin
 
 A copy is `buildah push IMAGE docker-archive:-` streamed into `ctr images import`. containerd's root is a cache
 shared by clusters (realnode.NodeFiles), so an image is copied again only when its id changed: a file there
-records the id each name was imported from.
+records the id each name was imported from. Every other image there is removed, so a rebuild's GBs do not pile up.
 """
 
 from __future__ import annotations
@@ -106,8 +106,34 @@ def _present(tag: str, names: set[str]) -> bool:
     return any(name == tag or name.endswith(f"/{tag}") for name in names)
 
 
+def stale_refs(listed: Iterable[tuple[str, str]], wanted: Iterable[str]) -> list[str]:
+    """The image references of `listed` ((ref, target digest) pairs) whose target no wanted name has.
+
+    The CRI plugin adds its own references to an image it saw (docker.io/<tag>, and sha256:<image id>), so
+    removing our names alone leaves a replaced build alive."""
+    pairs = list(listed)
+    names = set(wanted)
+    kept = {digest for ref, digest in pairs if any(_present(name, {ref}) for name in names)}
+    return sorted(ref for ref, digest in pairs if digest not in kept)
+
+
+def _listed(files: realnode.NodeFiles) -> list[tuple[str, str]]:
+    """(ref, target digest) of every image in containerd's namespace."""
+    listed = subprocess.run([*files.ctr, "images", "list"], capture_output=True, text=True, check=False)
+    rows = [line.split() for line in listed.stdout.splitlines()[1:]]
+    return [(row[0], row[2]) for row in rows if len(row) >= 3]
+
+
+def _remove(files: realnode.NodeFiles, refs: list[str]) -> None:
+    """Removed, the last synchronously: containerd's GC then frees their layers before anything is copied."""
+    for index, ref in enumerate(refs):
+        sync = ["--sync"] if index == len(refs) - 1 else []
+        subprocess.run([*files.ctr, "images", "rm", *sync, ref], capture_output=True, check=False)
+
+
 def import_images(files: realnode.NodeFiles, tags: Iterable[str], say: Callable[[str], None]) -> None:
-    """The pause image and each tag, in containerd, imported when missing or rebuilt since."""
+    """The pause image and each tag, in containerd, imported when missing or rebuilt since; other images go."""
+    tags = list(tags)
     imported = _imported(files)
     present = _names_in_containerd(files)
     pause_id = hashlib.sha256(layout.binary("pause").read_bytes()).hexdigest()
@@ -121,13 +147,13 @@ def import_images(files: realnode.NodeFiles, tags: Iterable[str], say: Callable[
             continue
         say(f"cluster: copying image {tag} into the real node's containerd (once per build) ...")
         began = time.monotonic()
-        # The old build goes first, and synchronously: a replaced name alone leaves its GBs to a later GC.
-        for name in (n for n in present if _present(tag, {n})):
-            subprocess.run([*files.ctr, "images", "rm", "--sync", name], capture_output=True, check=False)
+        # The old build goes first: the disk then never holds two copies of a vLLM image.
+        _remove(files, stale_refs(_listed(files), (t for t in [realnode.PAUSE_IMAGE, *tags] if t != tag)))
         _push_into_containerd(files, tag)
         imported[tag] = built
         _record(files, imported)
         say(f"cluster:   ok ({time.monotonic() - began:.0f} s)")
+    _remove(files, stale_refs(_listed(files), [realnode.PAUSE_IMAGE, *tags]))
 
 
 def _ctr_import(files: realnode.NodeFiles, archive: bytes, name: str) -> None:

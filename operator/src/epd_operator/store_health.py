@@ -62,6 +62,7 @@ def store_status(health: Mapping[str, Any] | None, metrics: str | None, tenant_i
         mounted_clients=_gauge(samples, "master_active_clients"),
         segments=sorted(dict(labels).get("segment", "") for labels in segments),
         tenant=_tenant(samples, tenant_id),
+        leader=str(health.get("leader_address") or "") if health.get("role") == "leader" else "",
     )
 
 
@@ -70,12 +71,24 @@ def fill_ratio(store: StoreStatus) -> float:
 
 
 def store_events(before: StoreStatus | None, after: StoreStatus) -> list[StoreEvent]:
-    """What changed between two readings that someone should hear about: a segment that left the pool, the
-    pool crossing into nearly full, the tenant going over its quota. The master's reachability is StoreReady's
-    (its flip is announced with the condition)."""
-    if before is None or not before.reachable or not after.reachable:
-        return []
+    """What changed between two readings that someone should hear about: a new HA leader, a segment that left
+    the pool, the pool crossing into nearly full, the tenant going over its quota. The master's reachability is
+    StoreReady's (its flip is announced with the condition)."""
     events: list[StoreEvent] = []
+    previous = before.leader if before is not None else ""
+    if after.leader and after.leader != previous:
+        # A failover passes through readings without a leader, so the last one named is not always at hand.
+        was = f" (was {previous})" if previous else ""
+        events.append(
+            StoreEvent(
+                "info",
+                "StoreLeader",
+                f"the master at {after.leader} leads{was}; clients follow the leader by themselves, and a new "
+                "leader starts with an empty store (Mooncake replicates no keys without its oplog)",
+            )
+        )
+    if before is None or not before.reachable or not after.reachable:
+        return events
     for segment in sorted(set(before.segments) - set(after.segments)):
         events.append(
             StoreEvent(

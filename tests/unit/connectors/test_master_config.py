@@ -78,7 +78,7 @@ def test_full_argv_round_trips_through_its_flags() -> None:
         eviction_ratio=0.1,
         default_kv_lease_ttl_ms=5000,
         client_ttl_s=20,
-        ha=HAConfig(endpoints=("etcd-0:2379", "etcd-1:2379"), enable_oplog=True),
+        ha=HAConfig(endpoints=("etcd-0:2379", "etcd-1:2379"), cluster_id="team-a", enable_oplog=True),
     )
     parsed = flags(config.argv("/usr/bin/mooncake_master"))
     assert parsed == {
@@ -98,6 +98,7 @@ def test_full_argv_round_trips_through_its_flags() -> None:
         "enable_ha": "true",
         "ha_backend_type": "etcd",
         "ha_backend_connstring": "etcd-0:2379;etcd-1:2379",
+        "cluster_id": "team-a",
         "enable_oplog": "true",
     }
     rebuilt = MasterConfig(
@@ -117,6 +118,7 @@ def test_full_argv_round_trips_through_its_flags() -> None:
         ha=HAConfig(
             backend=HABackend(parsed["ha_backend_type"]),
             endpoints=tuple(parsed["ha_backend_connstring"].split(";")),
+            cluster_id=parsed["cluster_id"],
             enable_oplog=parsed["enable_oplog"] == "true",
         ),
     )

@@ -83,11 +83,14 @@ def test_the_name_limit_is_the_one_derive_names_needs() -> None:
         )
 
 
-def test_the_crd_refuses_names_reserved_pools_and_ha() -> None:
+def test_the_crd_refuses_long_names_reserved_pools_and_ha_with_a_metadata_server() -> None:
     schema = render_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     assert "size(self.metadata.name) <= 39" in schema["x-kubernetes-validations"][0]["rule"]
-    master = schema["properties"]["spec"]["properties"]["store"]["properties"]["master"]["properties"]
-    assert "ha" not in master
+    master = schema["properties"]["spec"]["properties"]["store"]["properties"]["master"]
+    ha = master["properties"]["ha"]
+    assert ha["required"] == ["etcdEndpoints"] and ha["properties"]["replicas"]["minimum"] == 2
+    assert ha["properties"]["etcdEndpoints"]["minItems"] == 1
+    assert any("httpMetadataServer" in rule["rule"] for rule in master["x-kubernetes-validations"])
     pool = schema["properties"]["spec"]["properties"]["prefill"]["properties"]["additionalPools"]
     assert (
         pool["x-kubernetes-list-type"] == "map" and pool["items"]["properties"]["name"]["pattern"] == "^[a-z][a-z0-9]*$"

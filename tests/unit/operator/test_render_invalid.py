@@ -196,11 +196,17 @@ def test_deployment_problems_map_each_topic_to_its_spec_field() -> None:
     assert problems[1:] and all(p.startswith("spec.store.tenant.id: ") and "quota policy" in p for p in problems[1:])
 
 
-def test_ha_masters_are_refused_until_the_launcher_can_advertise_the_pod_ip() -> None:
+def test_ha_masters_need_an_etcd_and_no_metadata_server() -> None:
     spec = example("e-pd-mooncake-cross-encoder")
-    spec["store"]["master"] = {"ha": {"backend": "k8s"}}
+    spec["store"]["master"] = {"ha": {"replicas": 2}}
     [problem] = problems_of(spec)
-    assert problem.startswith("spec.store.master.ha")
+    assert problem.startswith("spec.store.master.ha.etcdEndpoints")
+    spec["store"]["master"] = {"ha": {"etcdEndpoints": ["etcd:2379"]}, "httpMetadataServer": True}
+    [problem] = problems_of(spec)
+    assert problem.startswith("spec.store.master.httpMetadataServer = True") and "Fix: leave" in problem
+    spec["store"]["master"] = {"ha": {"etcdEndpoints": ["etcd:99999"]}}
+    [problem] = problems_of(spec)
+    assert "ha.endpoints[]" in problem and "99999" in problem
 
 
 def test_prefill_pool_names_are_unique_and_not_main() -> None:

@@ -120,6 +120,11 @@ class HAConfig(base.ConfigModel):
     k8s_lease: str = ""
     """NAMESPACE/NAME of the coordination Lease for the k8s backend; "" for etcd and redis."""
 
+    cluster_id: str = mc.DEFAULT_CLUSTER_ID
+    """The election this master joins (``--cluster_id``; etcd key mooncake-store/<id>/master_view); every
+    client follows it through MC_STORE_CLUSTER_ID. Deployments sharing one etcd need distinct ids, or they
+    elect one leader between them."""
+
     enable_oplog: StrictBool = False
     """Replicate metadata to standbys through an oplog so a failover keeps keys; needs etcd. Off by default,
     as in Mooncake: without it a failover loses every key (like a restart)."""
@@ -130,6 +135,11 @@ class HAConfig(base.ConfigModel):
         for endpoint in value:
             mc.check_host_port("ha.endpoints[]", endpoint)
         return value
+
+    @field_validator("cluster_id")
+    @classmethod
+    def _check_cluster_id(cls, value: str) -> str:
+        return mc.check_tenant_id("ha.cluster_id", value)
 
     @model_validator(mode="after")
     def _check_backend(self) -> Self:
@@ -335,6 +345,7 @@ class MasterConfig(base.ConfigModel):
             args += [
                 f"--ha_backend_type={self.ha.backend.value}",
                 f"--ha_backend_connstring={self.ha.connstring()}",
+                f"--cluster_id={self.ha.cluster_id}",
                 f"--enable_oplog={mc.gflag(self.ha.enable_oplog)}",
             ]
         return args
@@ -358,6 +369,10 @@ class MasterConfig(base.ConfigModel):
         if self.ha is not None:
             return self.ha.client_address()
         return f"{host}:{self.rpc_port}"
+
+    def client_cluster_id(self) -> str | None:
+        """What clients set as cluster_id: the election they follow, None without HA."""
+        return self.ha.cluster_id if self.ha is not None else None
 
     def metadata_server(self, host: str) -> str:
         """What clients put in metadata_server: this master's HTTP metadata URL, or P2PHANDSHAKE."""

@@ -26,6 +26,11 @@ P2P_HANDSHAKE = "P2PHANDSHAKE"
 """metadata_server value for peer-to-peer handshakes: no metadata service, each engine asks its peer."""
 DEFAULT_MASTER_PORT = 50051
 DEFAULT_TENANT_ID = "default"
+DEFAULT_CLUSTER_ID = "mooncake_cluster"
+"""Mooncake's own cluster id: HA masters elect under etcd key mooncake-store/<cluster id>/master_view."""
+CLUSTER_ID_ENV = "MC_STORE_CLUSTER_ID"
+"""Where an HA client (vLLM's store, mooncake_client) reads the cluster id whose leader it follows; it has no
+flag or JSON key for it (Mooncake 0.3.13)."""
 DEFAULT_SEGMENT_SIZE = 4 * 1024**3
 """vLLM's own default for both sizes (4 GiB), kept so an omitted key means what vLLM would read."""
 
@@ -81,6 +86,10 @@ class MooncakeStoreConfig(base.ConfigModel):
     """Namespace of keys in the store; producers and consumers that share entries must use the same one.
     "default" is Mooncake's and vLLM's default tenant."""
 
+    cluster_id: str | None = None
+    """With HA masters, the cluster whose elected leader this process follows (the masters' --cluster_id);
+    set through the environment (`env`), not the JSON vLLM reads. None keeps Mooncake's default."""
+
     @model_validator(mode="before")
     @classmethod
     def _standalone_segment_default(cls, data: Any) -> Any:
@@ -112,6 +121,11 @@ class MooncakeStoreConfig(base.ConfigModel):
     @classmethod
     def _check_tenant(cls, value: str) -> str:
         return check_tenant_id("tenant_id", value)
+
+    @model_validator(mode="after")
+    def _check_cluster(self) -> Self:
+        check_cluster_id(self.cluster_id, self.master_server_address)
+        return self
 
     @field_validator("local_buffer_size")
     @classmethod
@@ -157,6 +171,10 @@ class MooncakeStoreConfig(base.ConfigModel):
             "enable_offload": self.enable_offload,
             "tenant_id": self.tenant_id,
         }
+
+    def env(self) -> dict[str, str]:
+        """Environment the process needs besides the JSON: the HA cluster id."""
+        return {CLUSTER_ID_ENV: self.cluster_id} if self.cluster_id is not None else {}
 
     def to_json(self) -> str:
         """The file's content; stable (same config, same bytes) so it can feed a rollout hash."""
@@ -284,6 +302,21 @@ def check_tenant_id(field: str, value: str) -> str:
             "use a name such as 'default' or 'team-a'",
         )
     return value
+
+
+def check_cluster_id(value: str | None, master_server_address: str) -> None:
+    """A cluster id names an HA election; it has the tenant id's characters (it becomes part of an etcd key)."""
+    if value is None:
+        return
+    check_tenant_id("cluster_id", value)
+    if "://" not in master_server_address:
+        raise base.rule_error(
+            "cluster_id",
+            value,
+            f"only HA masters are elected under a cluster id, and master_server_address "
+            f"{master_server_address!r} names one master",
+            "remove cluster_id, or give the HA form such as 'etcd://etcd-0:2379'",
+        )
 
 
 def check_device_names(field: str, value: str) -> str:

@@ -58,6 +58,10 @@ class StoreClientConfig(base.ConfigModel):
     tenant_id: str = mc.DEFAULT_TENANT_ID
     """The tenant whose data this client stores; must equal the requesters' tenant_id."""
 
+    cluster_id: str | None = None
+    """With HA masters, the cluster whose leader this client follows (MC_STORE_CLUSTER_ID); see
+    MooncakeStoreConfig.cluster_id."""
+
     enable_offload: StrictBool = False
     """Keep an SSD tier under offload_path; the master and the vLLM JSON must enable offload too."""
 
@@ -126,6 +130,11 @@ class StoreClientConfig(base.ConfigModel):
         return value
 
     @model_validator(mode="after")
+    def _check_cluster(self) -> Self:
+        mc.check_cluster_id(self.cluster_id, self.master_server_address)
+        return self
+
+    @model_validator(mode="after")
     def _check_offload(self) -> Self:
         if self.enable_offload and not self.offload_path.startswith("/"):
             raise base.rule_error(
@@ -172,8 +181,9 @@ class StoreClientConfig(base.ConfigModel):
         return args
 
     def env(self) -> dict[str, str]:
-        """Environment the process needs besides argv (the SSD tier's directory)."""
-        return {OFFLOAD_PATH_ENV: self.offload_path} if self.enable_offload else {}
+        """Environment the process needs besides argv (the HA cluster id, the SSD tier's directory)."""
+        env = {mc.CLUSTER_ID_ENV: self.cluster_id} if self.cluster_id is not None else {}
+        return env | ({OFFLOAD_PATH_ENV: self.offload_path} if self.enable_offload else {})
 
     @classmethod
     def from_argv(cls, argv: list[str], env: dict[str, str] | None = None) -> StoreClientConfig:
@@ -200,9 +210,9 @@ class StoreClientConfig(base.ConfigModel):
                 raise ValueError(f"argv = {arg!r}: not a mooncake_client flag we render. Fix: use --flag=value")
             is_bool = flag in ("enable_offload", "enable_http_server")
             data[names[flag]] = {"true": True, "false": False}.get(value, value) if is_bool else value
-        offload_path = (env or {}).get(OFFLOAD_PATH_ENV)
-        if offload_path is not None:
-            data["offload_path"] = offload_path
+        for key, name in ((OFFLOAD_PATH_ENV, "offload_path"), (mc.CLUSTER_ID_ENV, "cluster_id")):
+            if key in (env or {}):
+                data[name] = (env or {})[key]
         return cls.model_validate(data)
 
     def requester_config(self, local_buffer_size: int | str = mc.DEFAULT_SEGMENT_SIZE) -> mc.MooncakeStoreConfig:
@@ -219,5 +229,6 @@ class StoreClientConfig(base.ConfigModel):
                 "local_buffer_size": local_buffer_size,
                 "enable_offload": self.enable_offload,
                 "tenant_id": self.tenant_id,
+                "cluster_id": self.cluster_id,
             }
         )

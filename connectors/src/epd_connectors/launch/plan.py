@@ -71,6 +71,7 @@ def plan_launch(
             config_path = str(PurePosixPath(workdir, MOONCAKE_CONFIG_FILE))
             files[config_path] = mooncake.to_json()
             env["MOONCAKE_CONFIG_PATH"] = config_path
+            env.update(mooncake.env())
         env.update(bundle.vllm.env())
         if pod_ip:
             env[HOST_IP_ENV] = pod_ip

@@ -7,6 +7,7 @@ and in standalone-store mode encoders also wait until a store owner has mounted 
 
 from __future__ import annotations
 
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -93,3 +94,23 @@ def wait_for_all(
                 say(f"waiting for {dep.description} at {dep.url} ({elapsed:.0f}s of {deadline_s:.0f}s): {problem}")
             attempt += 1
             sleep(min(interval_s, max(0.0, deadline_s - elapsed)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m epd_connectors.launch.readiness URL`: exit 0 when the master at the /health URL serves.
+
+    An HA master's readiness probe: every master answers /health 200, the standbys too, so only this check
+    keeps the master Service's endpoints to the leader that serves."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m epd_connectors.launch.readiness http://HOST:METRICS_PORT/health", file=sys.stderr)
+        return 2
+    problem = probe(Dependency("master-health", args[0], "the Mooncake master"))
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

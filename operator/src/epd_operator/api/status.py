@@ -71,6 +71,8 @@ class StoreStatus(ApiModel):
     """Mounted segments (the address of the process that holds each)."""
     tenant: TenantUse | None = None
     """This deployment's tenant, when the master isolates tenants."""
+    leader: str = ""
+    """With HA masters, the RPC address (pod IP:port) of the master that leads; "" with one master."""
 
 
 class TransferPair(ApiModel):

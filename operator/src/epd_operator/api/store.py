@@ -2,18 +2,45 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from epd_connectors.config.base import Port
 from epd_operator.api import kube as k
 from epd_operator.api._base import ApiModel, LabelMap, NodePath, PositiveQuantity, Quantity, Resources
 from epd_operator.api._rules import Rule, RuledModel
 
+EtcdEndpoint = Annotated[
+    str, Field(max_length=k.STRING_MAX, pattern=r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?:[0-9]{1,5}$")
+]
 
-class MasterSpec(ApiModel):
+
+class MasterHASpec(ApiModel):
+    """Several masters with one elected leader (Mooncake's HA, through an etcd the user runs)."""
+
+    replicas: int = Field(default=2, ge=2, le=5)
+    """Masters: one leads and serves, the others stand by and take over within about 10 s of its loss."""
+    etcd_endpoints: list[EtcdEndpoint] = Field(min_length=1, max_length=7)
+    """HOST:PORT of each member of the etcd the masters elect through. Each deployment elects under its own
+    key (its tenant id), so deployments may share one etcd."""
+
+
+class MasterSpec(RuledModel):
     """The Mooncake master (the store's metadata service)."""
+
+    RULES: ClassVar[tuple[Rule[MasterSpec], ...]] = (
+        Rule(
+            "spec.store.master.httpMetadataServer",
+            lambda s: s.ha is None or not s.http_metadata_server,
+            lambda s: s.http_metadata_server,
+            "HA masters each keep their own metadata server, and a failover would lose every peer's metadata",
+            "leave httpMetadataServer false (peers then hand metadata over directly, P2PHANDSHAKE)",
+            cel="!has(self.ha) || !has(self.httpMetadataServer) || !self.httpMetadataServer",
+            cel_message="spec.store.master: HA masters need httpMetadataServer false (a failover would lose "
+            "the metadata)",
+        ),
+    )
 
     rpc_port: Port = 50051
     """Clients' RPC port."""
@@ -31,18 +58,8 @@ class MasterSpec(ApiModel):
     """The master's resources (1 CPU and 2 GiB requested when empty)."""
     node_selector: LabelMap = {}
     """Nodes for the master (e.g. CPU nodes: it holds no GPU memory)."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_ha_yet(cls, data: Any) -> Any:
-        # Kept out of the CRD until HA masters are built: the API server refuses the unknown field,
-        # and offline validation says why rather than "extra inputs are not permitted".
-        if isinstance(data, dict) and "ha" in data:
-            raise ValueError(
-                "spec.store.master.ha: HA masters are not supported yet (they need the pod IP as the master's "
-                "rpc_address). Fix: remove spec.store.master.ha (a single master restarts in seconds)"
-            )
-        return data
+    ha: MasterHASpec | None = None
+    """Several masters, one leading; unset runs one master, which a restart empties (clients reconnect)."""
 
 
 class OffloadSpec(ApiModel):

@@ -8,7 +8,7 @@ scaling the store clients must not roll the master or any vLLM role.
 from __future__ import annotations
 
 from epd_connectors.config.bundle import Peers, RoleBundle
-from epd_connectors.config.master import MasterConfig, TenantQuota, TenantQuotaPolicy
+from epd_connectors.config.master import HAConfig, MasterConfig, TenantQuota, TenantQuotaPolicy
 from epd_connectors.config.mooncake import MooncakeStoreConfig, Protocol, StoreMode
 from epd_connectors.config.roles import Role
 from epd_connectors.config.store_client import StoreClientConfig
@@ -45,8 +45,16 @@ def master_config(ctx: Context) -> MasterConfig:
     # A site that binds one address (the local runner's loopback) gets every listener of the master on it;
     # a cluster keeps Mooncake's all-interfaces default (probes and peers come to the pod's IP).
     bind = ctx.site.network.bind_host
+    addresses: dict[str, str] = {"rpc_address": bind, "metrics_host": bind} if bind is not None else {}
+    ha = None
+    if master.ha is not None:
+        # Each master advertises its own address through the election; the deployment's tenant id keeps its
+        # election apart from other deployments' on a shared etcd.
+        ha = HAConfig(endpoints=tuple(master.ha.etcd_endpoints), cluster_id=ctx.tenant_id)
+        addresses.setdefault("rpc_address", ctx.own_address)
     return MasterConfig(
-        **({"rpc_address": bind, "metrics_host": bind} if bind is not None else {}),
+        **addresses,
+        ha=ha,
         rpc_port=ctx.port(workload, ports.RPC, master.rpc_port),
         metrics_port=ctx.port(workload, ports.METRICS, master.metrics_port),
         enable_http_metadata_server=master.http_metadata_server,
@@ -81,6 +89,7 @@ def store_client_config(ctx: Context, master: MasterConfig) -> StoreClientConfig
         protocol=Protocol(store.protocol),
         device_name=store.device_name,
         tenant_id=ctx.tenant_id,
+        cluster_id=master.client_cluster_id(),
         enable_offload=offload,
         offload_path=ctx.site.paths.offload_dir if offload else "",
         # Metrics for scraping (the probes use the RPC port). mooncake_client has no flag for its HTTP server's
@@ -112,6 +121,7 @@ def requester_config(ctx: Context, master: MasterConfig) -> MooncakeStoreConfig:
         local_buffer_size=store.local_buffer_size,
         enable_offload=False,
         tenant_id=ctx.tenant_id,
+        cluster_id=master.client_cluster_id(),
     )
 
 

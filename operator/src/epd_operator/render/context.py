@@ -125,7 +125,9 @@ def units(ctx: Context) -> list[Unit]:
     spec, names = ctx.spec, ctx.names
     found: list[Unit] = []
     if spec.store is not None:
-        found.append(Unit(Role.MASTER, names.workload(Role.MASTER), "spec.store.master"))
+        ha = spec.store.master.ha
+        masters = ha.replicas if ha is not None else 1
+        found.append(Unit(Role.MASTER, names.workload(Role.MASTER), "spec.store.master", replicas=masters))
         clients = spec.store.clients
         if spec.store.mode == "standalone":
             found.append(

@@ -53,6 +53,8 @@ class RoleWorkload:
     name: str
     replicas: int | None
     """None for a DaemonSet."""
+    ready_needed: int | None = None
+    """Ready pods that make the role ready; None: every replica (HA masters: the one leader)."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,13 @@ def render_desired(owner: Owner, spec: EPDDeploymentSpec, defaults: OperatorDefa
             transfers_required=checked and spec.proxy.transfer_check.required_for_ready,
         ),
         workloads=[
-            RoleWorkload(role=u.role, kind=w["kind"], name=u.name, replicas=w["spec"].get("replicas"))
+            RoleWorkload(
+                role=u.role,
+                kind=w["kind"],
+                name=u.name,
+                replicas=w["spec"].get("replicas"),
+                ready_needed=1 if u.role == Role.MASTER and spec.store and spec.store.master.ha else None,
+            )
             for u, w in zip(all_units, workloads, strict=True)
         ],
     )

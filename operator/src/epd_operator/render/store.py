@@ -38,12 +38,25 @@ def _resources(requests: dict[str, Any], limits: dict[str, Any]) -> dict[str, An
     return out
 
 
+def leader_readiness(metrics_port: int) -> dict[str, Any]:
+    """An HA master is ready only while it leads and serves: every master answers /health 200, standbys too,
+    so a command reads the answer (epd-launch's own master check), and the Service routes to the leader."""
+    health = f"http://127.0.0.1:{metrics_port}/health"
+    command = ["python", "-m", "epd_connectors.launch.readiness", health]
+    return {"exec": {"command": command}, "periodSeconds": 3, "timeoutSeconds": 5, "failureThreshold": 1}
+
+
 def render_master_deployment(ctx: Context, unit: Unit, store: StoreSpec, bundle_json: str) -> dict[str, Any]:
-    """One master (its restart loses every key, which clients survive by reconnecting within ~1 s)."""
+    """One master (its restart loses every key, which clients survive by reconnecting within ~1 s), or with
+    spec.store.master.ha several: one leads, the others stand by, Ready only the leader."""
     master = store.master
     res = master.resources
     probes = Probes(
-        readiness=http_get("/health", ports.METRICS, period_s=5, failures=3),
+        readiness=(
+            leader_readiness(master.metrics_port)
+            if master.ha is not None
+            else http_get("/health", ports.METRICS, period_s=5, failures=3)
+        ),
         liveness=http_get("/health", ports.METRICS, period_s=10, failures=6),
         startup=http_get("/health", ports.METRICS, period_s=2, failures=60),
     )
@@ -59,7 +72,8 @@ def render_master_deployment(ctx: Context, unit: Unit, store: StoreSpec, bundle_
         node_selector=master.node_selector,
     )
     deployment = objects.render_deployment(ctx, unit, pod_template(ctx, params))
-    # Two masters must never run at once (each would hold half the keys): replace, do not surge.
+    # Two single masters must never run at once (each would hold half the keys): replace, do not surge. HA
+    # masters are replaced together too: a standby is never Ready, so a rolling update would wait forever.
     deployment["spec"]["strategy"] = {"type": "Recreate"}
     return deployment
 

@@ -97,10 +97,10 @@ class Observed:
         if not self.settled or self.updated < self.desired or self.current > self.desired:
             return False, REASON_ROLLING, f"{what}: {self.updated}/{self.desired} updated"
         needed = self.desired if self.workload.ready_needed is None else min(self.workload.ready_needed, self.desired)
-        leading = " (the leader; standbys are never Ready)" if self.workload.ready_needed is not None else ""
+        leading = " (only the leader is Ready; standbys wait)" if self.workload.ready_needed is not None else ""
         if self.ready < needed:
-            return False, REASON_NOT_READY, f"{what}: {self.ready}/{needed} ready{leading}"
-        return True, REASON_READY, f"{what}: {self.ready}/{needed} ready{leading}"
+            return False, REASON_NOT_READY, f"{what}: {self.ready}/{self.desired} ready{leading}"
+        return True, REASON_READY, f"{what}: {self.ready}/{self.desired} ready{leading}"
 
 
 def _int(value: Any) -> int:

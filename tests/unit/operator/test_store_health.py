@@ -98,6 +98,21 @@ def test_no_events_across_an_unreachable_reading() -> None:
     assert store_events(SERVING, down) == [] and store_events(down, SERVING) == []
 
 
+def test_an_ha_leader_is_reported_and_a_new_one_announced_even_across_a_failover_gap() -> None:
+    assert SERVING.leader == ""  # one master: its /health names no leader address
+    leader_a = store_status({**HEALTH, "leader_address": "10.0.0.1:50051"}, METRICS, "ns-demo")
+    leader_b = store_status({**HEALTH, "leader_address": "10.0.0.2:50051"}, METRICS, "ns-demo")
+    standby = store_status({**HEALTH, "role": "standby", "leader_address": "10.0.0.1:50051"}, METRICS, "t")
+    assert (leader_a.leader, standby.leader) == ("10.0.0.1:50051", "")
+    [event] = store_events(leader_a, leader_b)
+    assert (event.level, event.reason) == ("info", "StoreLeader")
+    assert event.message.startswith("the master at 10.0.0.2:50051 leads (was 10.0.0.1:50051)")
+    down = store_status(None, None, "t", error="refused")
+    [event] = store_events(down, leader_b)
+    assert event.message.startswith("the master at 10.0.0.2:50051 leads;")
+    assert store_events(leader_b, leader_b.model_copy(update={"key_count": 3})) == []
+
+
 def with_store(store: StoreStatus | None) -> status.Facts:
     return dataclasses.replace(facts(all_ready(EPD)), store=store)
 

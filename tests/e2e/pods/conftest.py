@@ -27,7 +27,7 @@ from epd_connectors.config.roles import Role
 from epd_operator.api import constants as c
 from epd_operator.derive import ports
 from epd_operator.render.pod import RUN_AS_USER
-from epd_testenv import cluster, layout, nodehost, realdeploy, realnode
+from epd_testenv import cluster, layout, nodehost, process, realdeploy, realnode
 from tests.e2e.conftest import REPO, TIMINGS, progress
 from tests.e2e.pods.kube import Kubectl, condition, eventually
 from tests.e2e.test_local_e_p_d import Samples, samples
@@ -153,6 +153,40 @@ MASTER_METRICS_PORT = 9003
 """spec.store.master.metricsPort's default (the examples keep it)."""
 
 
+@pytest.fixture(scope="package")
+def bridge_etcd(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A one-member etcd for HA masters, on the host's address on the harness's bridge (where pods reach the
+    apiserver and CoreDNS too), so nothing but the bridge's pods and this machine reach it; HOST:PORT."""
+    gateway = realnode.NodeNetwork().gateway
+    client_port, peer_port = process.free_ports(2)
+    client, peer = f"http://{gateway}:{client_port}", f"http://127.0.0.1:{peer_port}"
+    data = tmp_path_factory.mktemp("bridge-etcd")
+    argv = [
+        str(layout.binary("etcd")),
+        f"--data-dir={data / 'data'}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=default={peer}",
+    ]
+    with (data / "etcd.log").open("wb") as log:
+        etcd = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+
+        def healthy() -> bool:
+            try:
+                return b'"true"' in get_text(f"{client}/health").encode()
+            except OSError:
+                return False
+
+        eventually(healthy, f"etcd at {client}", 30, poll_s=0.2)
+        yield client.removeprefix("http://")
+    finally:
+        etcd.kill()
+        etcd.wait(timeout=30)
+
+
 def get_text(url: str) -> str:
     with urllib.request.urlopen(url, timeout=10) as response:
         return str(response.read().decode())
@@ -178,6 +212,7 @@ def deployed(
     label: str,
     max_surge: int = 0,
     transfer_check: dict[str, Any] | None = None,
+    master_ha: dict[str, Any] | None = None,
 ) -> Iterator[RealEPD]:
     """The example applied with realdeploy's changes, Ready, its proxy forwarded; deleted at the end, and gone
     (every child and container) before the next one starts."""
@@ -186,7 +221,9 @@ def deployed(
     shared.mkdir(parents=True, exist_ok=True)
     os.chown(shared, RUN_AS_USER, RUN_AS_USER)
     site = realdeploy.RealNodeSite(cpu_tags()["vllm"], tiny_model_for_pods(tiny_model), shared)
-    owner, manifest = realdeploy.manifest(example, site, max_surge=max_surge, transfer_check=transfer_check)
+    owner, manifest = realdeploy.manifest(
+        example, site, max_surge=max_surge, transfer_check=transfer_check, master_ha=master_ha
+    )
     kubectl = real.kubectl
     began = time.monotonic()
     kubectl.apply(json.dumps(manifest))

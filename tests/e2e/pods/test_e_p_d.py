@@ -8,10 +8,12 @@ prompt token computed by the decode, KV from the P2P peer, keys in the store und
 Then, each reported as a figure (e2e timings): the encoders scaled 1 -> 2 while requests flow (the proxy's roster
 follows the EndpointSlices; no request fails); a new model revision rolled through the prefill and decode while
 requests flow (no request fails, every answer equals the baseline: the revision names the same weights); a
-decode pod deleted (replaced by its Deployment; how long until requests succeed again); the master pod deleted
-(replaced; what the clients saw and how long); `kubectl describe` and `kubectl logs`; the EPDDeployment deleted
-(every child and container gone). The model roles roll with maxSurge 1 (spec.*.maxSurge): with the default of
-replacing one pod at a time, a role of one replica is down while its new pod loads.
+decode pod deleted (replaced by its Deployment; how long until requests succeed again); the leading master's pod
+deleted (the store's masters are HA here, two electing through an etcd the harness runs on the bridge: how long
+until the standby leads, what the clients saw, and that the status names the new leader); `kubectl describe` and
+`kubectl logs`; the EPDDeployment deleted (every child and container gone). The model roles roll with maxSurge 1
+(spec.*.maxSurge): with the default of replacing one pod at a time, a role of one replica is down while its new
+pod loads.
 """
 
 from __future__ import annotations
@@ -73,12 +75,21 @@ reading (10 s)."""
 def epd(
     request: pytest.FixtureRequest,
     real_cluster: RealCluster,
+    bridge_etcd: str,
     tiny_model: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[RealEPD]:
     workdir = tmp_path_factory.mktemp("e-p-d")
     with deployed(
-        request, real_cluster, EXAMPLE, tiny_model, workdir, label="E+P+D", max_surge=1, transfer_check=CANARIES
+        request,
+        real_cluster,
+        EXAMPLE,
+        tiny_model,
+        workdir,
+        label="E+P+D",
+        max_surge=1,
+        transfer_check=CANARIES,
+        master_ha={"replicas": 2, "etcdEndpoints": [bridge_etcd]},
     ) as it:
         ask(it.endpoint, chat("Warm up the transfer engines, please."))
         yield it
@@ -138,15 +149,37 @@ def patch(epd: RealEPD, spec: dict[str, Any]) -> None:
 
 
 def settled(epd: RealEPD) -> bool:
-    """Ready at the latest generation, and no pod of it terminating or not ready."""
+    """Ready at the latest generation, and no pod of it terminating or not ready (but a standby master, which is
+    never Ready: only the leader is)."""
     obj = epd.get()
     if not is_ready(obj) or obj["status"].get("observedGeneration") != obj["metadata"]["generation"]:
         return False
-    pods = epd.pods()
     return all(
-        not p["metadata"].get("deletionTimestamp") and all(s["ready"] for s in p["status"].get("containerStatuses", []))
-        for p in pods
+        not p["metadata"].get("deletionTimestamp")
+        and (_is_master(p) or all(s["ready"] for s in p["status"].get("containerStatuses", [])))
+        for p in epd.pods()
     )
+
+
+def _is_master(pod: dict[str, Any]) -> bool:
+    return bool(pod["metadata"]["labels"][c.LABEL_COMPONENT] == "master")
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    statuses = pod["status"].get("containerStatuses") or []
+    return bool(statuses) and all(s["ready"] for s in statuses)
+
+
+def masters(epd: RealEPD) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The leading master's pod (the one Ready) and the others."""
+    pods = [p for p in epd.pods() if _is_master(p) and not p["metadata"].get("deletionTimestamp")]
+    leaders = [p for p in pods if _ready(p)]
+    assert len(leaders) == 1, [(p["metadata"]["name"], p["status"].get("containerStatuses")) for p in pods]
+    return leaders[0], [p for p in pods if p is not leaders[0]]
+
+
+def reported_leader(epd: RealEPD) -> str:
+    return str((epd.get().get("status", {}).get("store") or {}).get("leader", ""))
 
 
 def roster(epd: RealEPD, role: str) -> float:
@@ -182,6 +215,8 @@ def test_the_status_reports_the_store_as_its_master_does(epd: RealEPD) -> None:
     store = eventually(reported, "status.store with the prompts' keys", 90, poll_s=2)
     assert store["capacityBytes"] == 256 * 1024**2, store  # the example's one client, segmentSize 256MiB
     assert len(store["segments"]) == 1 and store["mountedClients"] >= 1 and store["usedBytes"] > 0, store
+    leader, standbys = masters(epd)
+    assert store["leader"] == f"{leader['status']['podIP']}:50051" and len(standbys) == 1, store
     conditions = {x["type"]: x["status"] for x in epd.get()["status"]["conditions"]}
     assert conditions[c.COND_STORE_READY] == "True", conditions
 
@@ -308,19 +343,26 @@ def test_a_deleted_decode_pod_is_replaced_and_traffic_recovers(epd: RealEPD, loa
     assert not load.wrong, load.wrong
 
 
-def test_a_deleted_master_pod_is_replaced_and_the_deployment_recovers(epd: RealEPD, load: Load) -> None:
-    (master,) = [p for p in epd.pods() if p["metadata"]["labels"][c.LABEL_COMPONENT] == "master"]
+def test_the_leading_masters_pod_deleted_under_load_the_standby_leads_and_requests_go_on(
+    epd: RealEPD, load: Load
+) -> None:
+    leader, [standby] = masters(epd)
+    eventually(lambda: reported_leader(epd) == f"{leader['status']['podIP']}:50051", "status.store.leader", 60)
     began = time.monotonic()
-    epd.kubectl.run("delete", "pod", "-n", epd.namespace, master["metadata"]["name"], "--wait=false")
+    epd.kubectl.run("delete", "pod", "-n", epd.namespace, leader["metadata"]["name"], "--wait=false")
+    new_leader = f"{standby['status']['podIP']}:50051"
+    eventually(lambda: reported_leader(epd) == new_leader, "status.store.leader naming the standby", ROLL_TIMEOUT_S)
+    TIMINGS.add("real pods: leading master deleted -> status names the standby as leader", time.monotonic() - began)
     eventually(
-        lambda: settled(epd) and master["metadata"]["name"] not in {p["metadata"]["name"] for p in epd.pods()},
-        "a new master pod and the deployment Ready",
+        lambda: settled(epd) and masters(epd)[0]["metadata"]["name"] == standby["metadata"]["name"],
+        "the deployment Ready, the standby leading and a new standby in the deleted pod's place",
         ROLL_TIMEOUT_S,
     )
-    TIMINGS.add("real pods: master pod deleted -> deployment Ready again", time.monotonic() - began)
+    assert len(masters(epd)[1]) == 1
+    TIMINGS.add("real pods: leading master deleted -> deployment Ready again", time.monotonic() - began)
     epd.forget(Role.MASTER)
-    # The new master starts empty; the store client and the vLLM ranks reconnect on their own schedule (the
-    # client retries every ~10 s after three failed pings), so fresh prompts go until one lands.
+    # The new leader starts empty (no oplog); the store client and the vLLM ranks follow the election by
+    # themselves (MC_STORE_CLUSTER_ID), so a fresh prompt's blocks land in the new leader's store.
     seeds = iter(range(34, 1000))
 
     def a_fresh_prompt_lands() -> bool:
@@ -328,10 +370,11 @@ def test_a_deleted_master_pod_is_replaced_and_the_deployment_recovers(epd: RealE
         ask(epd.endpoint, chat([image(next(seeds)), text(LONG_QUESTION)]))
         return bool(new_store_keys(epd, keys_before))
 
-    eventually(a_fresh_prompt_lands, "the store to take keys after the master came back", STORE_BACK_S, poll_s=2)
-    TIMINGS.add("real pods: master pod deleted -> the store takes keys again", time.monotonic() - began)
+    eventually(a_fresh_prompt_lands, "the new leader's store to take keys", STORE_BACK_S, poll_s=2)
+    TIMINGS.add("real pods: leading master deleted -> the store takes keys again", time.monotonic() - began)
     load.stop()
-    TIMINGS.add(f"real pods: master pod deleted: {load.sent} requests, failed", float(len(load.failed)))
+    TIMINGS.add(f"real pods: leading master deleted: {load.sent} requests, failed", float(len(load.failed)))
+    TIMINGS.add("real pods: leading master deleted: longest gap between answers", load.outage_s)
     assert not load.failed and not load.wrong, (load.failed, load.wrong)
 
 

@@ -48,15 +48,19 @@ def manifest(
     name: str | None = None,
     namespace: str | None = None,
     transfer_check: dict[str, Any] | None = None,
+    master_ha: dict[str, Any] | None = None,
 ) -> tuple[Owner, dict[str, Any]]:
     """The example's owner and the EPDDeployment to apply; `max_surge` for the model roles' rollouts (the node
-    has GPUs to spare); `name` and `namespace` replace the example's; `transfer_check` is spec.proxy's."""
+    has GPUs to spare); `name` and `namespace` replace the example's; `transfer_check` is spec.proxy's and
+    `master_ha` spec.store.master's."""
     owner, spec = plan.load_manifest(example)
     owner = dataclasses.replace(owner, name=name or owner.name, namespace=namespace or owner.namespace)
     spec, _ = profile.apply_profile(spec, profile.CPU)
     body = spec_for_real_node(spec, site, max_surge=max_surge)
     if transfer_check is not None:
         body["proxy"]["transferCheck"] = transfer_check
+    if master_ha is not None:
+        body["store"].setdefault("master", {})["ha"] = master_ha
     return owner, {
         "apiVersion": c.API_VERSION,
         "kind": c.KIND,

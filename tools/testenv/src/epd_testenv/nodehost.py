@@ -14,6 +14,7 @@ import json
 import os
 import pathlib
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -257,10 +258,11 @@ def _added(before: dict[str, list[str]]) -> dict[str, list[str]]:
 def _remove_added_chains(before: dict[str, list[str]]) -> None:
     for key, added in _added(before).items():
         tool, table = key.split()
-        # Rules that jump to an added chain go first, then the chains themselves.
+        # Rules that jump to an added chain go first, then the chains themselves. A rule's comment is quoted
+        # and may hold spaces (the CNI firewall plugin's does), hence shlex.
         for line in _run(f"{tool}-save", "-t", table, check=False).stdout.splitlines():
             if line.startswith("-A ") and any(f"-j {c}" in line for c in added):
-                _run(tool, "-t", table, "-D", *line[3:].split(), check=False)
+                _run(tool, "-t", table, "-D", *shlex.split(line[3:]), check=False)
         for chain in added:
             _run(tool, "-t", table, "-F", chain, check=False)
         for chain in added:

@@ -83,6 +83,10 @@ MUTATIONS: dict[str, st.SearchStrategy[Any]] = {
     "store.master.rpcPort": _ports,
     "proxy.service.port": _ports,
     "images.vllm": _images,
+    "store.master.ha": st.fixed_dictionaries(
+        {"etcdEndpoints": st.lists(st.sampled_from(["etcd:2379", "1.2.3.4:99999", "a b:1", "e-0.e:2"]), max_size=2)},
+        optional={"replicas": _counts},
+    ),
     "prefill.additionalPools": st.lists(
         st.fixed_dictionaries({"name": _pool_names, "tensorParallelSize": st.integers(1, 2)}), max_size=2
     ),
@@ -199,8 +203,18 @@ def test_a_name_at_the_limit_is_accepted_and_renders(
     assert _children_refused(kube, admission_ns, LIMIT_NAME, BASE) == []
 
 
-def test_ha_masters_are_refused_at_apply(kubectl: Any, kubeconfig: Any, admission_ns: str) -> None:
+def test_ha_masters_are_admitted_with_an_etcd_and_refused_with_a_metadata_server(
+    kubectl: Any, kubeconfig: Any, kube: Kube, admission_ns: str
+) -> None:
     spec = copy.deepcopy(BASE)
-    _set(spec, "store.master.ha", {"backend": "k8s"})
+    _set(spec, "store.master.ha", {"replicas": 3, "etcdEndpoints": ["etcd-0.etcd:2379", "10.0.0.9:2379"]})
     done = _kubectl_create(kubectl, kubeconfig, admission_ns, "ha", spec)
-    assert done.returncode != 0 and "spec.store.master.ha" in done.stderr, done.stderr
+    assert done.returncode == 0, done.stderr
+    assert _children_refused(kube, admission_ns, "ha", spec) == []
+    _set(spec, "store.master.httpMetadataServer", True)
+    done = _kubectl_create(kubectl, kubeconfig, admission_ns, "ha", spec)
+    assert done.returncode != 0 and "HA masters need httpMetadataServer false" in done.stderr, done.stderr
+    for ha in ({"backend": "k8s", "etcdEndpoints": ["etcd:2379"]}, {"replicas": 1, "etcdEndpoints": ["etcd:2379"]}):
+        _set(spec, "store.master", {"ha": ha})
+        done = _kubectl_create(kubectl, kubeconfig, admission_ns, "ha", spec)
+        assert done.returncode != 0 and "spec.store.master.ha" in done.stderr, done.stderr

@@ -49,6 +49,7 @@ def test_the_watch_reports_the_store_and_turns_store_ready_with_the_master(moonc
         0,
         1,
         "http://demo-proxy.ns.svc:8000",
+        "rev",
         master_health_url=master.config.health_url("127.0.0.1"),
         master_metrics_url=master.metrics_url,
     )

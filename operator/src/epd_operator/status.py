@@ -328,6 +328,7 @@ def compute(facts: Facts) -> EPDDeploymentStatus:
         tenant_id=derived.tenant_id if derived else prev.tenant_id,
         embedding_cache_prefix=derived.embedding_cache_prefix if derived else prev.embedding_cache_prefix,
         kv_cache_prefix=derived.kv_cache_prefix if derived else prev.kv_cache_prefix,
+        model_revision=derived.model_revision if derived else prev.model_revision,
         store_tp_size=derived.store_tp_size if derived else prev.store_tp_size,
         roles=roles,
         roles_ready=roles_ready,

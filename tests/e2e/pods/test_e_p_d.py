@@ -6,11 +6,12 @@ baseline, and the counters prove the transfers as the local tier does (tests/e2e
 prompt token computed by the decode, KV from the P2P peer, keys in the store under the deployment's prefix.
 
 Then, each reported as a figure (e2e timings): the encoders scaled 1 -> 2 while requests flow (the proxy's roster
-follows the EndpointSlices; no request fails); a new model revision rolled through the prefill and decode while
-requests flow (no request fails, every answer equals the baseline: the revision names the same weights); a
+follows the EndpointSlices; no request fails); a new model revision rolled through the encoders, prefill and
+decode while requests flow (no request fails, every answer equals the baseline: the revision names the same
+weights; each new pod carries the new revision label); a
 decode pod deleted (replaced by its Deployment; how long until requests succeed again); the leading master's pod
 deleted (the store's masters are HA here, two electing through an etcd the harness runs on the bridge: how long
-until the standby leads, what the clients saw, and that the status names the new leader); `kubectl describe` and
+until another master leads, what the clients saw, and that the status names the new leader); `kubectl describe` and
 `kubectl logs`; the EPDDeployment deleted (every child and container gone). The model roles roll with maxSurge 1
 (spec.*.maxSurge): with the default of replacing one pod at a time, a role of one replica is down while its new
 pod loads.
@@ -311,20 +312,24 @@ def _served_by(epd: RealEPD, encoder_url: str) -> float:
 
 
 def test_a_model_revision_rolls_the_model_roles_under_load(epd: RealEPD, load: Load) -> None:
-    """The revision is part of the KV prefix the prefill and decode carry, so exactly those roll; the encoders
-    (ECMooncakeConnector carries no prefix without cross-encoder reuse) keep their pods."""
+    """Every vLLM pod carries the model revision, so a new revision rolls the encoders, prefill and decode (an
+    encoder loaded with the old weights must not outlive them) and not the store or the proxy."""
     before = {p["metadata"]["name"] for p in epd.pods()}
     prefix_before = epd.kv_prefix
     began = time.monotonic()
     patch(epd, {"model": {"revision": "r2"}})
     eventually(lambda: epd.kv_prefix != prefix_before, "the new revision's KV prefix in the status", 120)
     eventually(lambda: settled(epd), "the roll to finish", ROLL_TIMEOUT_S, poll_s=3)
-    TIMINGS.add("real pods: model revision roll (prefill and decode)", time.monotonic() - began)
+    TIMINGS.add("real pods: model revision roll (encoders, prefill and decode)", time.monotonic() - began)
     time.sleep(5)
     load.stop()
     TIMINGS.add(f"real pods: revision roll under load: {load.sent} requests, failed", float(len(load.failed)))
     replaced = {p["metadata"]["labels"][c.LABEL_COMPONENT] for p in epd.pods() if p["metadata"]["name"] not in before}
-    assert replaced == {"prefill", "decode"}, replaced
+    assert replaced == {"encoder", "prefill", "decode"}, replaced
+    revisions = {
+        p["metadata"]["labels"].get(c.LABEL_MODEL_REVISION) for p in epd.pods() if p["metadata"]["name"] not in before
+    }
+    assert revisions == {epd.get()["status"]["modelRevision"]}, revisions
     assert not load.failed and not load.wrong, (load.failed, load.wrong)
 
 

@@ -3,6 +3,7 @@ their inputs do."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -45,6 +46,21 @@ def test_processor_kwargs_change_the_embedding_prefix_only() -> None:
     base, other = model(), model(mmProcessorKwargs={"max_pixels": 1024})
     assert identity.embedding_cache_prefix(base) != identity.embedding_cache_prefix(other)
     assert identity.kv_cache_prefix(base) == identity.kv_cache_prefix(other)
+
+
+def test_the_model_revision_changes_with_anything_that_changes_outputs_and_is_a_label_value() -> None:
+    base = identity.model_revision(model())
+    assert base == identity.model_revision(model()) and re.fullmatch(r"[0-9a-f]{16}", base)
+    others = [
+        model(revision="r2"),
+        model(dtype="float16"),
+        model(mmProcessorKwargs={"max_pixels": 1024}),
+        model(source={"pvc": {"claimName": "w2"}}),
+        model(source={"hostPath": {"path": "/models/w"}}),
+        model(name="Qwen/Qwen2-VL-2B-Instruct"),
+    ]
+    assert len({base, *(identity.model_revision(m) for m in others)}) == len(others) + 1
+    assert identity.model_revision(model(servedModelName="vl")) == base  # a name for clients, not the weights
 
 
 def test_prefixes_are_stable_valid_and_distinct_per_kind() -> None:

@@ -547,7 +547,8 @@ def _set(spec: dict[str, Any], path: str, value: Any) -> None:
         (CROSS, "proxy.routing.encoderAffinity", False, {"demo-proxy"}),
         (CROSS, "proxy.service.port", 9000, set()),
         (CROSS, "store.tenant.id", "team-a", {"demo-store-client", "demo-encoder", "demo-pd", "demo-master"}),
-        (SHARED, "model.revision", "r2", set()),
+        (SHARED, "model.revision", "r2", {"demo-encoder", "demo-pd"}),
+        (OFFLOAD, "model.revision", "r2", {"demo-encoder", "demo-prefill", "demo-prefill-tp2", "demo-decode"}),
         (OFFLOAD, "decode.kv.saveDecodeCache", False, {"demo-decode"}),
         (OFFLOAD, "decode.kv.loadFailurePolicy", "fail", {"demo-prefill", "demo-prefill-tp2", "demo-decode"}),
         (CROSS, "decode.kv.loadFailurePolicy", "fail", {"demo-pd"}),
@@ -569,6 +570,28 @@ def test_a_change_rolls_exactly_the_roles_whose_pods_it_touches(
         w["metadata"]["name"] for w in workloads(after) if w["spec"]["template"] != templates[w["metadata"]["name"]]
     }
     assert changed_pods == rolled
+
+
+def test_every_vllm_pod_carries_the_model_revision_and_no_other_pod_does() -> None:
+    spec = example(OFFLOAD)
+    desired = render(spec)
+    labelled = {
+        w["metadata"]["name"]: w["spec"]["template"]["metadata"]["labels"].get(c.LABEL_MODEL_REVISION)
+        for w in workloads(desired)
+    }
+    revision = desired.derived.model_revision
+    assert labelled == {
+        "demo-master": None,
+        "demo-store-client": None,
+        "demo-encoder": revision,
+        "demo-prefill": revision,
+        "demo-prefill-tp2": revision,
+        "demo-decode": revision,
+        "demo-proxy": None,
+    }
+    assert all(c.LABEL_MODEL_REVISION not in w["spec"]["selector"]["matchLabels"] for w in workloads(desired))
+    spec["model"]["source"] = {"hostPath": {"path": "/models/other"}}
+    assert render(spec).derived.model_revision != revision
 
 
 PURE_PACKAGES = [Path(__file__).resolve().parents[3] / "operator/src/epd_operator" / p for p in ("derive", "render")]

@@ -16,7 +16,7 @@ from epd_operator.render import Derived, RoleWorkload
 pytestmark = pytest.mark.unit
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
-DERIVED = Derived("ns-demo", "emb-1", "kv-1", 2, 1234, "http://demo-proxy.ns.svc:8000")
+DERIVED = Derived("ns-demo", "emb-1", "kv-1", 2, 1234, "http://demo-proxy.ns.svc:8000", "0123456789abcdef")
 
 EPD = [
     RoleWorkload(Role.MASTER, "Deployment", "demo-master", 1),

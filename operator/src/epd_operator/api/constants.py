@@ -32,6 +32,10 @@ LABEL_POOL: Final = f"{GROUP}/pool"
 """On prefill workloads and pods: the prefill pool ("main" or an additionalPools name), so pools have
 distinct selectors."""
 
+LABEL_MODEL_REVISION: Final = f"{GROUP}/model-revision"
+"""On encoder, prefill, decode and PD pods: a hash of the model identity and weights source (status.modelRevision),
+so a model change rolls every vLLM role and pods of different weights can be told apart."""
+
 APP_NAME: Final = "epd"
 MANAGED_BY: Final = "epd-operator"
 

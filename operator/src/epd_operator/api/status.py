@@ -122,6 +122,9 @@ class EPDDeploymentStatus(ApiModel):
     """The cross-encoder cache prefix in use."""
     kv_cache_prefix: str = ""
     """The KV cache prefix in use."""
+    model_revision: str = ""
+    """The revision label the encoder, prefill, decode and PD pods of the current spec carry (a hash of the model
+    identity and weights source); pods with another value are from an earlier model."""
     store_tp_size: int = 0
     """The store TP (LCM of prefill TP sizes); 0 when no KV store is used."""
     roles: dict[str, RoleStatus] = {}

@@ -22,6 +22,7 @@ PREFIX_HASH_LEN = 16
 """Hex digits of a derived cache prefix: 64 bits, so two model identities never share a prefix."""
 EMBEDDING_PREFIX_HEAD = "emb-"
 KV_PREFIX_HEAD = "kv-"
+REVISION_HEAD = "model-revision"
 
 
 def _digest(*parts: str) -> str:
@@ -71,6 +72,14 @@ def kv_identity(model: ModelSpec) -> dict[str, Any]:
         "dtype": model.dtype,
         "weights_image": model.source.image.reference if model.source.image else None,
     }
+
+
+def model_revision(model: ModelSpec) -> str:
+    """What every vLLM pod carries as its revision label: a hash of all that decides its outputs (the encoder's
+    identity plus where the weights come from), so pods of one value may exchange embeddings and KV blocks and
+    pods of two values may not."""
+    identity = {**embedding_identity(model), "source": model.source.model_dump(mode="json", exclude_none=True)}
+    return _digest(REVISION_HEAD, json.dumps(identity, sort_keys=True, separators=(",", ":")))[:PREFIX_HASH_LEN]
 
 
 def _prefix(head: str, identity: dict[str, Any]) -> str:

@@ -64,6 +64,8 @@ class Context:
     store_tp: int
     """LCM of prefill_tp_sizes with a store KV connector on a P/D split, else 0."""
     hash_seed: int
+    model_revision: str
+    """The vLLM pods' revision label (derive.identity.model_revision)."""
     site: sites.Site = sites.CLUSTER
     """Addresses and paths (derive.site): a cluster's unless the local runner renders."""
 
@@ -116,6 +118,7 @@ def build_context(
         prefill_tp_sizes=sizes,
         store_tp=parallel.store_tp_size(sizes) if spec.store_kv_split else 0,
         hash_seed=identity.python_hash_seed(owner.namespace, owner.name),
+        model_revision=identity.model_revision(spec.model),
         site=where,
     )
 

@@ -33,6 +33,7 @@ class Derived:
     store_tp_size: int
     python_hash_seed: int
     endpoint: str
+    model_revision: str
     master_health_url: str | None = None
     """The Mooncake master's /health through its Service; None without a store."""
     master_metrics_url: str | None = None
@@ -101,6 +102,7 @@ def render_desired(owner: Owner, spec: EPDDeploymentSpec, defaults: OperatorDefa
             store_tp_size=ctx.store_tp,
             python_hash_seed=ctx.hash_seed,
             endpoint=endpoint,
+            model_revision=ctx.model_revision,
             master_health_url=ctx.names.master_health_url(master) if master is not None else None,
             master_metrics_url=ctx.names.master_metrics_url(master) if master is not None else None,
             proxy_health_url=endpoint + PROXY_READINESS_PATH if checked else None,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from epd_connectors.config.bundle import POD_IP_ENV, WORKDIR_ENV
+from epd_connectors.config.roles import VLLM_ROLES
 from epd_operator.api import constants as c
 from epd_operator.render import meta
 from epd_operator.render.context import Context, Unit
@@ -129,9 +130,13 @@ def pod_template(ctx: Context, params: PodParams) -> dict[str, Any]:
     }
     if params.node_selector:
         spec["nodeSelector"] = dict(params.node_selector)
+    labels = meta.labels(ctx.owner, unit.role, unit.pool)
+    if unit.role in VLLM_ROLES:
+        # Not in the selector (immutable): a new model rolls the pods, and old and new pods stay one workload.
+        labels[c.LABEL_MODEL_REVISION] = ctx.model_revision
     return {
         "metadata": {
-            "labels": meta.labels(ctx.owner, unit.role, unit.pool),
+            "labels": labels,
             "annotations": {c.ANNOTATION_BUNDLE_HASH: meta.bundle_hash(params.bundle_json)},
         },
         "spec": spec,

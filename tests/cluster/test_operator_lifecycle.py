@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from kubernetes.utils import parse_quantity
 
+from epd_connectors.config.roles import VLLM_ROLES
 from epd_operator.api import constants as c
 from epd_operator.api.resource import OperatorDefaults, Owner, parse_spec
 from epd_operator.render import Desired, render_desired
@@ -207,7 +208,7 @@ def test_invalid_change_leaves_the_running_children_untouched(
     assert versions(kube, op_namespace, name) == before, "back to the same spec: nothing to write"
 
 
-def test_new_model_revision_changes_prefixes_and_rolls_only_changed_roles(
+def test_new_model_revision_changes_prefixes_labels_and_rolls_only_changed_roles(
     operator: Operator, kube: Kube, op_namespace: str
 ) -> None:
     doc = example(CROSS_ENCODER, op_namespace)
@@ -243,9 +244,14 @@ def test_new_model_revision_changes_prefixes_and_rolls_only_changed_roles(
     assert should_roll, "a new revision changes some bundle"
     assert rolled == should_roll
     assert (("Deployment", f"{name}-master")) not in rolled
+    assert new["modelRevision"] != old["modelRevision"]
     for workload in kube.children(op_namespace, name, kinds=(("apps/v1", "deployments"), ("apps/v1", "statefulsets"))):
-        annotations = workload["spec"]["template"]["metadata"].get("annotations") or {}
-        assert annotations.get(c.ANNOTATION_BUNDLE_HASH) == template_hash(new_render, workload["metadata"]["name"])
+        template = workload["spec"]["template"]["metadata"]
+        assert (template.get("annotations") or {}).get(c.ANNOTATION_BUNDLE_HASH) == template_hash(
+            new_render, workload["metadata"]["name"]
+        )
+        vllm = template["labels"][c.LABEL_ROLE] in VLLM_ROLES
+        assert template["labels"].get(c.LABEL_MODEL_REVISION) == (new["modelRevision"] if vllm else None)
 
 
 def test_scaling_encoders_changes_only_the_encoder_deployment(

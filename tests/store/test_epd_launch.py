@@ -1,9 +1,13 @@
 """epd-launch against real Mooncake processes: it starts the master and a store owner from generated bundles,
-waits for a master that comes up late, and stops with one clear line when none comes."""
+waits for a master that comes up late, and stops with one clear line when none comes. As a container's PID 1
+(a new PID namespace, as a pod runs it), it runs an HA master as a child, so the SIGTERM of a pod's deletion
+stops it: Mooncake's HA master installs no handler, and as PID 1 the kernel would drop the signal."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -14,10 +18,11 @@ import pytest
 
 from epd_connectors import store_probe
 from epd_connectors.config.bundle import RoleBundle
-from epd_connectors.config.master import MasterConfig
+from epd_connectors.config.master import HAConfig, MasterConfig
 from epd_connectors.config.mooncake import MooncakeStoreConfig
+from epd_connectors.launch import readiness
 
-from .conftest import LOOPBACK, Mooncake, free_port
+from .conftest import LOOPBACK, Mooncake, free_port, health
 
 pytestmark = pytest.mark.store
 
@@ -61,7 +66,7 @@ def _bundles(tmp_path: Path, *, deadline_s: float = 30.0, tenant: str = "default
 class Launched:
     """An epd-launch subprocess (which becomes the real process after exec)."""
 
-    def __init__(self, role: str, bundle: RoleBundle, workdir: Path) -> None:
+    def __init__(self, role: str, bundle: RoleBundle, workdir: Path, wrapper: tuple[str, ...] = ()) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         path = workdir / f"{role}.json"
         path.write_text(bundle.to_json())
@@ -70,7 +75,7 @@ class Launched:
         env.pop("POD_IP", None)
         with self.log.open("wb") as out:
             self.popen = subprocess.Popen(
-                [str(BIN_DIR / "epd-launch"), role, "--bundle", str(path), "--workdir", str(workdir / "run")],
+                [*wrapper, str(BIN_DIR / "epd-launch"), role, "--bundle", str(path), "--workdir", str(workdir / "run")],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,
@@ -93,8 +98,8 @@ class Launched:
 def launched(tmp_path: Path) -> Any:
     started: list[Launched] = []
 
-    def launch(role: str, bundle: RoleBundle) -> Launched:
-        process = Launched(role, bundle, tmp_path / role)
+    def launch(role: str, bundle: RoleBundle, wrapper: tuple[str, ...] = (), name: str = "") -> Launched:
+        process = Launched(role, bundle, tmp_path / (name or role), wrapper)
         started.append(process)
         return process
 
@@ -174,3 +179,91 @@ def test_store_user_json_from_a_bundle_reaches_the_launched_master(tmp_path: Pat
     finally:
         store.close()
     assert master.popen.poll() is None
+
+
+def as_pid_1() -> tuple[str, ...]:
+    """A prefix that runs a command as PID 1 of a new PID namespace, as a container runtime does (root)."""
+    unshare = shutil.which("unshare")
+    assert unshare is not None, "unshare (util-linux) is needed; make setup-apt installs it"
+    return (unshare, "--pid", "--fork", "--kill-child", "--")
+
+
+def init_of(wrapper_pid: int) -> int:
+    """The host PID of the namespace's PID 1: unshare's one child (it appears just after unshare starts)."""
+    deadline = time.monotonic() + 10
+    while True:
+        children = Path(f"/proc/{wrapper_pid}/task/{wrapper_pid}/children").read_text().split()
+        if children:
+            return int(children[0])
+        assert time.monotonic() < deadline, "unshare started no child"
+        time.sleep(0.05)
+
+
+def _ha_master(etcd: str, cluster_id: str) -> MasterConfig:
+    return MasterConfig(
+        rpc_address=LOOPBACK,
+        rpc_port=free_port(),
+        metrics_port=free_port(),
+        enable_http_metadata_server=False,
+        ha=HAConfig(endpoints=(etcd,), cluster_id=cluster_id),
+    )
+
+
+def _role(master: MasterConfig) -> str:
+    return str((health(master) or {}).get("role", ""))
+
+
+def test_an_ha_master_as_pid_1_runs_as_a_child_so_sigterm_stops_it_and_the_standby_leads(
+    tmp_path: Path, launched: Any, mooncake: Mooncake
+) -> None:
+    etcd = mooncake.etcd()
+    # What a pod's deletion did before: the master itself as PID 1 ignores SIGTERM and keeps leading until the
+    # kubelet's SIGKILL (if Mooncake ever handles SIGTERM in HA mode, this fails and the supervision can go).
+    bare = _ha_master(etcd, "bare")
+    process = mooncake.spawn("bare-master", [*as_pid_1(), str(BIN_DIR / "mooncake_master"), *bare.argv()[1:]])
+    _wait_until_role(bare, "leader", process.popen)
+    os.kill(init_of(process.popen.pid), signal.SIGTERM)
+    time.sleep(3)
+    assert process.alive() and _role(bare) == "leader", (
+        "a bare HA master as PID 1 now stops on SIGTERM: Mooncake handles it in HA mode, so LaunchPlan.supervised "
+        "is no longer needed"
+    )
+    process.stop()
+
+    head: dict[str, Any] = {"deployment": "launch-test", "wait": {"deadline_s": 30, "interval_s": 0.2}}
+    configs = [_ha_master(etcd, "launched") for _ in range(2)]
+    masters = [
+        launched(
+            "master",
+            RoleBundle.model_validate({**head, "role": "master", "master": config.model_dump()}),
+            as_pid_1(),
+            name=f"master-{i}",
+        )
+        for i, config in enumerate(configs)
+    ]
+    _wait_until(lambda: {_role(c) for c in configs} == {"leader", "standby"}, "a leader and a standby", masters[0])
+    leader = 0 if _role(configs[0]) == "leader" else 1
+    standby = 1 - leader
+    assert "as a child (forwarding signals)" in masters[leader].output()
+    began = time.monotonic()
+    os.kill(init_of(masters[leader].popen.pid), signal.SIGTERM)
+    # epd-launch exits as its child did (128 + SIGTERM), and unshare as epd-launch.
+    assert masters[leader].popen.wait(timeout=5) == 128 + signal.SIGTERM, masters[leader].output()
+    stopped = time.monotonic() - began
+    _wait_until(
+        lambda: readiness.main([configs[standby].health_url(LOOPBACK)]) == 0,  # the master pods' readiness probe
+        "the standby to lead and serve",
+        masters[standby],
+        timeout_s=30,
+    )
+    print(
+        f"\nHA master as PID 1: stopped {stopped:.1f} s after SIGTERM, standby serving {time.monotonic() - began:.1f} s"
+    )
+
+
+def _wait_until_role(master: MasterConfig, role: str, popen: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while _role(master) != role:
+        assert popen.poll() is None, f"the master exited ({popen.returncode})"
+        assert time.monotonic() < deadline, f"no {role} after {timeout_s} s: {health(master)}"
+        time.sleep(0.1)

@@ -146,9 +146,15 @@ def test_an_ha_master_advertises_its_pod_ip(bundle_data: dict[str, dict[str, Any
     master = bundle_data["master"]["master"]
     master.update({"rpc_address": POD_IP_PLACEHOLDER, "ha": {"backend": "etcd", "endpoints": ["etcd-0:2379"]}})
     bundle = RoleBundle.model_validate(bundle_data["master"])
-    assert "--rpc_address=10.0.0.7" in _plan(bundle, POD_IP="10.0.0.7").argv
+    plan = _plan(bundle, POD_IP="10.0.0.7")
+    assert "--rpc_address=10.0.0.7" in plan.argv
+    assert plan.supervised  # its master has no SIGTERM handler: never PID 1 (tests/store: test_epd_launch)
     with pytest.raises(LaunchError, match=r"master\.rpc_address"):
         _plan(bundle)
+
+
+def test_only_the_ha_master_runs_supervised(bundles: dict[str, RoleBundle]) -> None:
+    assert not any(_plan(bundle, POD_IP="10.0.0.7").supervised for bundle in bundles.values())
 
 
 def test_consumer_placeholder_needs_pod_ip(bundle_data: dict[str, dict[str, Any]]) -> None:

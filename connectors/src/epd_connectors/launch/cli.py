@@ -14,6 +14,7 @@ from pathlib import Path
 from epd_connectors.config.base import ConfigError
 from epd_connectors.config.bundle import WORKDIR_ENV, load_bundle
 from epd_connectors.config.roles import Role
+from epd_connectors.launch import supervise
 from epd_connectors.launch.model_check import read_model_config, store_sharing_problem
 from epd_connectors.launch.plan import LaunchError, LaunchPlan, plan_launch
 from epd_connectors.launch.readiness import DependencyTimeoutError, wait_for_all
@@ -89,6 +90,7 @@ def _plan_as_dict(plan: LaunchPlan) -> dict[str, object]:
         "env": plan.env,
         "files": plan.files,
         "waits": [{"kind": w.kind, "url": w.url, "description": w.description} for w in plan.waits],
+        "supervised": plan.supervised,
     }
 
 
@@ -100,7 +102,8 @@ def _write_files(plan: LaunchPlan) -> None:
 
 
 def _exec(plan: LaunchPlan, say: Callable[[str], None], started: float) -> int:
-    """Replace this process with the role's; a missing binary is a clear one-line failure, not a traceback."""
+    """Replace this process with the role's (or, as PID 1 with a supervised plan, run it as a child); a missing
+    binary is a clear one-line failure, not a traceback."""
     executable = shutil.which(plan.argv[0]) or plan.argv[0]
     if not os.path.exists(executable):
         print(
@@ -109,7 +112,11 @@ def _exec(plan: LaunchPlan, say: Callable[[str], None], started: float) -> int:
         )
         return 127
     env = {**os.environ, **plan.env}
-    say(f"exec {' '.join(plan.argv[:3])} ... after {time.monotonic() - started:.3f}s")
+    command, elapsed = " ".join(plan.argv[:3]), time.monotonic() - started
+    if plan.supervised and os.getpid() == 1:
+        say(f"run {command} ... as a child (forwarding signals) after {elapsed:.3f}s")
+        return supervise.run(executable, plan.argv, env)
+    say(f"exec {command} ... after {elapsed:.3f}s")
     sys.stderr.flush()
     os.execve(executable, plan.argv, env)
     return 0  # pragma: no cover - execve does not return

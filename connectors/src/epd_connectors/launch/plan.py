@@ -36,6 +36,9 @@ class LaunchPlan:
     files: dict[str, str] = field(default_factory=dict)
     """Absolute path -> content, written before the waits."""
     waits: list[Dependency] = field(default_factory=list)
+    supervised: bool = False
+    """As a container's PID 1, run argv as a child rather than exec it (module supervise): its program has no
+    SIGTERM handler, so as PID 1 it would ignore the SIGTERM that deleting its pod sends."""
 
 
 def plan_launch(
@@ -46,6 +49,7 @@ def plan_launch(
     pod_ip = environ.get(POD_IP_ENV)
     files: dict[str, str] = {}
     env: dict[str, str] = {**bundle.env, BUNDLE_PATH_ENV: bundle_path}
+    supervised = False
 
     if bundle.role is Role.MASTER:
         assert bundle.master is not None  # the bundle's role rules guarantee the section
@@ -54,6 +58,7 @@ def plan_launch(
             # An HA master advertises rpc_address to clients through the election backend.
             address = _pod_address(master.rpc_address, "master.rpc_address", pod_ip)
             master = master.model_validate({**master.model_dump(), "rpc_address": address})
+            supervised = True  # Mooncake's master installs its SIGTERM handler only without HA
         argv = master.argv()
         files.update(master.files())
     elif bundle.role is Role.STORE_CLIENT:
@@ -83,7 +88,7 @@ def plan_launch(
         argv = [sys.executable, "-m", SERVER_MODULE, *bundle.vllm.argv(ec, bundle.kv_transfer)]
     else:  # Role.PROXY
         argv = [PROXY_COMMAND, "--bundle", bundle_path]
-    return LaunchPlan(argv=argv, env=env, files=files, waits=dependencies_of(bundle))
+    return LaunchPlan(argv=argv, env=env, files=files, waits=dependencies_of(bundle), supervised=supervised)
 
 
 class LaunchError(ValueError):

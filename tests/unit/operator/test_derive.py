@@ -35,9 +35,15 @@ def test_a_new_revision_changes_both_prefixes() -> None:
     assert identity.kv_cache_prefix(old) != identity.kv_cache_prefix(new)
 
 
-def test_dtype_and_weights_image_change_both_prefixes() -> None:
+def test_dtype_and_where_the_weights_are_change_both_prefixes() -> None:
     base = model()
-    for other in (model(dtype="float16"), model(source={"image": {"reference": "reg/w@sha256:" + "a" * 64}})):
+    others = (
+        model(dtype="float16"),
+        model(source={"image": {"reference": "reg/w@sha256:" + "a" * 64}}),
+        model(source={"pvc": {"claimName": "w2"}}),
+        model(source={"hostPath": {"path": "/models/w"}}),
+    )
+    for other in others:
         assert identity.embedding_cache_prefix(base) != identity.embedding_cache_prefix(other)
         assert identity.kv_cache_prefix(base) != identity.kv_cache_prefix(other)
 

@@ -52,13 +52,13 @@ def tenant_id(override: str | None, namespace: str, name: str) -> str:
 
 
 def embedding_identity(model: ModelSpec) -> dict[str, Any]:
-    """What decides an encoder's output: weights (name, revision, and the image digest when weights ship as
-    an image), dtype, and the multimodal processor settings (they change the patches the encoder sees)."""
+    """What decides an encoder's output: weights (name, revision, and where they are read from), dtype, and the
+    multimodal processor settings (they change the patches the encoder sees)."""
     return {
         "name": model.name,
         "revision": model.revision,
         "dtype": model.dtype,
-        "weights_image": model.source.image.reference if model.source.image else None,
+        "weights": weights_location(model),
         "mm_processor_kwargs": dict(sorted(model.mm_processor_kwargs.items())),
     }
 
@@ -70,16 +70,27 @@ def kv_identity(model: ModelSpec) -> dict[str, Any]:
         "name": model.name,
         "revision": model.revision,
         "dtype": model.dtype,
-        "weights_image": model.source.image.reference if model.source.image else None,
+        "weights": weights_location(model),
     }
+
+
+def weights_location(model: ModelSpec) -> str:
+    """Where the weights are read from: other weights may be there, so a move is a new identity even when the
+    user keeps the name and revision."""
+    source = model.source
+    if source.image is not None:
+        return f"image:{source.image.reference}"
+    if source.host_path is not None:
+        return f"hostPath:{source.host_path.path}"
+    return f"pvc:{source.pvc.claim_name}" if source.pvc is not None else ""
 
 
 def model_revision(model: ModelSpec) -> str:
     """What every vLLM pod carries as its revision label: a hash of all that decides its outputs (the encoder's
-    identity plus where the weights come from), so pods of one value may exchange embeddings and KV blocks and
-    pods of two values may not."""
-    identity = {**embedding_identity(model), "source": model.source.model_dump(mode="json", exclude_none=True)}
-    return _digest(REVISION_HEAD, json.dumps(identity, sort_keys=True, separators=(",", ":")))[:PREFIX_HASH_LEN]
+    identity, which covers the KV identity), so pods of one value may exchange embeddings and KV blocks and pods
+    of two values may not."""
+    canonical = json.dumps(embedding_identity(model), sort_keys=True, separators=(",", ":"))
+    return _digest(REVISION_HEAD, canonical)[:PREFIX_HASH_LEN]
 
 
 def _prefix(head: str, identity: dict[str, Any]) -> str:

@@ -12,10 +12,11 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "tinymodel" / "make_tiny_qwen2vl.py"
 
 
-def build(python: Path, hint: str) -> Path:
-    """The tiny model's folder, built with `python` (a vLLM venv's); a test failure naming `hint` otherwise."""
+def build(python: Path, hint: str, seed: int | None = None) -> Path:
+    """The tiny model's folder, built with `python` (a vLLM venv's); a test failure naming `hint` otherwise.
+    `seed`: another model of the same shape whose answers differ (the script's --seed)."""
     result = subprocess.run(
-        [str(python), str(SCRIPT), "--quiet"],
+        [str(python), str(SCRIPT), "--quiet", *(["--seed", str(seed)] if seed is not None else [])],
         capture_output=True,
         text=True,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},

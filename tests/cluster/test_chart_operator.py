@@ -226,6 +226,10 @@ GRANTED: tuple[Access, ...] = (
         for v in ("list", "watch", "create", "patch", "delete")
     ),
     *((v, "discovery.k8s.io", "endpointslices", "") for v in ("get", "list", "watch")),
+    # model pods: watched, and their revision-ready gate opened through the status subresource
+    ("list", "", "pods", ""),
+    ("watch", "", "pods", ""),
+    ("patch", "", "pods", "status"),
     ("create", "", "events", ""),
 )
 DENIED: tuple[Access, ...] = (
@@ -234,6 +238,8 @@ DENIED: tuple[Access, ...] = (
     ("list", "", "secrets", ""),
     ("create", "", "pods", ""),
     ("delete", "", "pods", ""),
+    ("patch", "", "pods", ""),
+    ("update", "", "pods", "status"),
     ("create", c.GROUP, c.PLURAL, ""),
     ("delete", c.GROUP, c.PLURAL, ""),
     ("update", c.GROUP, c.PLURAL, ""),

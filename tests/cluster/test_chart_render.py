@@ -89,6 +89,8 @@ WATCHED_RULES = (
     | flat("", ["serviceaccounts"], ["list", "watch", "create", "patch", "delete"])
     | flat("rbac.authorization.k8s.io", ["roles", "rolebindings"], ["list", "watch", "create", "patch", "delete"])
     | flat("discovery.k8s.io", ["endpointslices"], ["get", "list", "watch"])
+    | flat("", ["pods"], ["list", "watch"])
+    | flat("", ["pods/status"], ["patch"])
     | flat("", ["events"], ["create"])
 )
 """What the operator needs where it serves EPDDeployments, and nothing else."""

@@ -145,6 +145,28 @@ def test_example_gets_every_child_and_becomes_ready(
         if any(w.role == role for w in want.workloads):
             assert st["rolesReady"][role] == f"{replicas}/{replicas}"
     assert not done["metadata"].get("finalizers"), "children go by garbage collection; no finalizer needed"
+    assert st["modelRevision"] == want.derived.model_revision
+    # The simulated node leaves the revision gate alone (kwok-stages.yaml): the operator opened each one.
+    eventually("every model pod's revision gate open", lambda: gates(kube, op_namespace, name) == model_pods(want))
+
+
+def model_pods(desired: Desired) -> dict[str, str]:
+    """Role -> "True" for each model role with replicas (what `gates` gives once every gate is open)."""
+    return {w.role.value: "True" for w in desired.workloads if w.role in VLLM_ROLES and (w.replicas or 0) > 0}
+
+
+def gates(kube: Kube, namespace: str, name: str) -> dict[str, str]:
+    """Role -> the revision gate's status over that role's pods ("True" only if open on all), for the pods that
+    have the gate; "missing" where a pod lacks the condition."""
+    found: dict[str, str] = {}
+    for pod in kube.items(f"/api/v1/namespaces/{namespace}/pods?labelSelector={c.LABEL_DEPLOYMENT}={name}"):
+        if not any(g["conditionType"] == c.CONDITION_REVISION_READY for g in pod["spec"].get("readinessGates") or []):
+            continue
+        conditions = {x["type"]: x["status"] for x in pod["status"].get("conditions") or []}
+        status = conditions.get(c.CONDITION_REVISION_READY, "missing")
+        role = pod["metadata"]["labels"][c.LABEL_ROLE]
+        found[role] = status if found.get(role, "True") == "True" else found[role]
+    return found
 
 
 def test_api_server_refuses_what_cel_rules_forbid(operator: Operator, kube: Kube, op_namespace: str) -> None:
@@ -245,6 +267,7 @@ def test_new_model_revision_changes_prefixes_labels_and_rolls_only_changed_roles
     assert rolled == should_roll
     assert (("Deployment", f"{name}-master")) not in rolled
     assert new["modelRevision"] != old["modelRevision"]
+    eventually("the new revision's pods' gates open", lambda: gates(kube, op_namespace, name) == model_pods(new_render))
     for workload in kube.children(op_namespace, name, kinds=(("apps/v1", "deployments"), ("apps/v1", "statefulsets"))):
         template = workload["spec"]["template"]["metadata"]
         assert (template.get("annotations") or {}).get(c.ANNOTATION_BUNDLE_HASH) == template_hash(

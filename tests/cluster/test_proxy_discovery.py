@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import ipaddress
+import json
 import os
 import pathlib
 import signal
@@ -372,6 +373,9 @@ def test_the_roster_follows_the_ready_pods_without_a_restart(
         eventually("the roster equal to the Ready pods", lambda: roster_is(proxy, counts(pods)), detail=detail)
         status, body = proxy.get("/health")
         assert status == 200, body
+        # It watches the model pods too (the rendered Role allows it): every instance has the deployment's revision.
+        revision = admin.get(EPD_PATH.format(ns=ns) + f"/{name}")["status"]["modelRevision"]
+        assert revision and json.loads(body)["modelRevision"] == revision, body
 
         # Scaling: more decode pods, fewer encoders; the same proxy process follows.
         admin.merge_patch(

@@ -11,6 +11,9 @@ Sizes (shared/docs/facts.md): text hidden 128, 2 layers, 2 heads / 1 KV head, he
 image; bf16. A ~400-token byte-level BPE with the Qwen special tokens and a chat template. Images are resized to
 between 56*56 and 112*112 pixels, so a 64x64 image becomes a [1, 4, 4] grid and 4 image tokens.
 
+``--seed N`` makes another model of the same shape and tokenizer whose weights, hence answers, differ (the
+real-pod tier rolls from one to the other as a new model revision); its folder is ``<key>-seed<N>``.
+
 Prints the model folder as the last line on stdout (``--hashes``: the files' sha256 as a JSON line before it),
 progress on stderr.
 """
@@ -131,7 +134,7 @@ def build_tokenizer(out: Path) -> int:
     return int(tok.get_vocab_size())
 
 
-def build_model(out: Path, vocab_size: int, token_ids: dict[str, int]) -> None:
+def build_model(out: Path, vocab_size: int, token_ids: dict[str, int], seed: int = SEED) -> None:
     """Random-weight Qwen2-VL in bf16, initialised explicitly (not by transformers' defaults, which may change)."""
     import torch  # type: ignore[import-not-found]  # noqa: PLC0415
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration  # noqa: PLC0415
@@ -174,9 +177,9 @@ def build_model(out: Path, vocab_size: int, token_ids: dict[str, int]) -> None:
         initializer_range=INIT_STD,
         dtype="bfloat16",
     )
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed)
     model = Qwen2VLForConditionalGeneration(config)
-    generator = torch.Generator().manual_seed(SEED)
+    generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in sorted(model.named_parameters()):
             if param.ndim >= 2:
@@ -213,13 +216,13 @@ def build_processor(out: Path) -> None:
     video.save_pretrained(str(out))
 
 
-def build(out: Path, quiet: bool) -> None:
+def build(out: Path, quiet: bool, seed: int = SEED) -> None:
     started = time.monotonic()
     vocab_size = build_tokenizer(out)
     vocab = json.loads((out / "tokenizer.json").read_text())["model"]["vocab"]
     token_ids = {token: int(vocab[token]) for token in SPECIAL_TOKENS}
     say(quiet, f"tokenizer: {vocab_size} tokens ({time.monotonic() - started:.1f}s)")
-    build_model(out, vocab_size, token_ids)
+    build_model(out, vocab_size, token_ids, seed)
     say(quiet, f"model written ({time.monotonic() - started:.1f}s)")
     build_processor(out)
     say(quiet, f"processor written ({time.monotonic() - started:.1f}s)")
@@ -243,16 +246,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="build into this folder instead of the cache (always rebuilds)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     parser.add_argument("--hashes", action="store_true", help="also print the files' sha256 as one JSON line")
+    parser.add_argument("--seed", type=int, default=SEED, help=f"the weights' seed (default {SEED})")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
-    target: Path = args.out if args.out is not None else CACHE_ROOT / cache_key()
+    key = cache_key() if args.seed == SEED else f"{cache_key()}-seed{args.seed}"
+    target: Path = args.out if args.out is not None else CACHE_ROOT / key
     if args.out is not None or not (target / "config.json").exists():
         started = time.monotonic()
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
         try:
-            build(staging, args.quiet)
+            build(staging, args.quiet, args.seed)
             readable_by_all(staging)
             if target.exists():
                 shutil.rmtree(target)

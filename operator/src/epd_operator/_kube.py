@@ -29,6 +29,8 @@ JSON = "application/json"
 APPLY_PATCH = "application/apply-patch+yaml"
 """Server-side apply; JSON is YAML, so the body is sent as JSON."""
 JSON_PATCH = "application/json-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+"""For a pod's status conditions: merged by type, so one condition changes and the kubelet's stay."""
 
 
 class KubeError(Exception):

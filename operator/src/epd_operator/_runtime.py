@@ -15,7 +15,7 @@ from typing import Any
 
 import kopf
 
-from epd_operator import apply, reconcile, repairs
+from epd_operator import apply, gates, reconcile, repairs
 from epd_operator.publish import publish_later
 from epd_operator.state import State, Tracked, wanted
 
@@ -24,8 +24,19 @@ class Runtime(State):
     """The state of one operator process, and its two entry points."""
 
     async def reconcile(self, body: Mapping[str, Any]) -> None:
-        """The spec is new or changed, or the operator restarted: see `reconcile.reconcile`."""
+        """The spec is new or changed, or the operator restarted: see `reconcile.reconcile`; then the model pods'
+        gates, as the render may need other roles now (or was missing when the pods were first seen)."""
         await reconcile.reconcile(self, body)
+        meta = body["metadata"]
+        tracked = self.deployments.get((meta["namespace"], meta["name"]))
+        if tracked is not None:
+            await gates.open_gates(self, tracked)
+
+    async def pod_event(self, event_type: str | None, pod: dict[str, Any]) -> None:
+        """A model pod changed or went: open the gates its deployment's pods now call for."""
+        tracked = gates.pod_event(self, event_type, pod)
+        if tracked is not None:
+            await gates.open_gates(self, tracked)
 
     async def child_event(self, event_type: str | None, kind: str, obj: dict[str, Any]) -> None:
         """A watched child changed or went: a workload's state feeds its owner's status, and a child that was

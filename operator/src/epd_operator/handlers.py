@@ -5,7 +5,8 @@ touches kopf's global one. No handler needs a finalizer: there is no deletion ha
 the garbage collector delete the children) and no timer or daemon (status follows the workloads through
 their watch events instead). Every kind the operator creates (`apply.MANAGED_KINDS`) is watched, so a child
 deleted or changed by hand is repaired at once; those watches are filtered on the server by label
-(`configure`), so the operator never receives a ConfigMap or Deployment it does not manage.
+(`configure`), so the operator never receives a ConfigMap or Deployment it does not manage. The model pods
+(encoder, prefill, decode, PD) are watched the same way, for their revision gates (module gates).
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ _CHILD_LABELS: Mapping[str, Any] = {
     c.LABEL_MANAGED_BY: c.MANAGED_BY,
     c.LABEL_DEPLOYMENT: kopf.PRESENT,
 }
+MODEL_POD_SELECTOR = f"{CHILD_SELECTOR},{c.LABEL_MODEL_REVISION}"
+"""Server-side label selector of the pod watch: the model pods (encoder, prefill, decode, PD) of our deployments."""
+_MODEL_POD_LABELS: Mapping[str, Any] = {**_CHILD_LABELS, c.LABEL_MODEL_REVISION: kopf.PRESENT}
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
@@ -41,6 +45,7 @@ def configure(settings: kopf.OperatorSettings) -> None:
     )
     for kind in apply.MANAGED_KINDS:
         settings.watching.label_selectors[kind.api_version, kind.plural] = CHILD_SELECTOR
+    settings.watching.label_selectors["v1", "pods"] = MODEL_POD_SELECTOR
     settings.posting.reporting_component = c.MANAGED_BY
 
 
@@ -112,3 +117,10 @@ async def child_event(event: Any, resource: Any, memo: Any, **_: Any) -> None:
 
 for _kind in apply.MANAGED_KINDS:  # registered like the decorators would, once per kind
     kopf.on.event(_kind.api_version, _kind.plural, labels=_CHILD_LABELS, registry=registry)(child_event)
+
+
+@kopf.on.event("v1", "pods", labels=_MODEL_POD_LABELS, registry=registry)
+async def model_pod_event(event: Any, memo: Any, **_: Any) -> None:
+    """A model pod came, changed or went: its revision may be complete now (module gates)."""
+    runtime: Runtime = memo.runtime
+    await runtime.pod_event(event["type"], event["object"])

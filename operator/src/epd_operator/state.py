@@ -24,6 +24,7 @@ from epd_operator.api.resource import OperatorDefaults, Owner
 from epd_operator.api.status import EPDDeploymentStatus, StoreStatus, TransferStatus
 from epd_operator.metrics import Metrics
 from epd_operator.render import Desired
+from epd_operator.revision_gate import ModelPod
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +121,8 @@ class State:
         """(kind, namespace, name) -> the workload as last seen."""
         self.applied = apply.Applied()
         self.pacer = pacing.Pacer()
+        self.model_pods: dict[Key, dict[str, ModelPod]] = {}
+        """Per EPDDeployment, its model pods by name as the pod watch last showed them (module gates)."""
         self.pending_repairs: dict[ChildKey, asyncio.Task[None]] = {}
         """Repairs waiting for their turn (`pacer`), one per child at most (module `repairs`)."""
 
@@ -169,6 +172,7 @@ class State:
     def forget(self, namespace: str, name: str) -> None:
         """The EPDDeployment is gone (its children follow through garbage collection)."""
         tracked = self.deployments.pop((namespace, name), None)
+        self.model_pods.pop((namespace, name), None)
         for task in tracked.polls.values() if tracked is not None else ():
             task.cancel()
         if tracked is not None and tracked.desired is not None:

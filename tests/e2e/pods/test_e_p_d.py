@@ -6,9 +6,10 @@ baseline, and the counters prove the transfers as the local tier does (tests/e2e
 prompt token computed by the decode, KV from the P2P peer, keys in the store under the deployment's prefix.
 
 Then, each reported as a figure (e2e timings): the encoders scaled 1 -> 2 while requests flow (the proxy's roster
-follows the EndpointSlices; no request fails); a new model revision rolled through the encoders, prefill and
-decode while requests flow (no request fails, every answer equals the baseline: the revision names the same
-weights; each new pod carries the new revision label); a
+follows the EndpointSlices; no request fails); a second model (a tiny model of another seed, so other answers)
+rolled in as a new revision and the first rolled back, while requests flow (each revision's pods take traffic
+only as a whole set, the proxy pairs only pods of one revision: no request fails, no answer matches neither
+model); a
 decode pod deleted (replaced by its Deployment; how long until requests succeed again); the leading master's pod
 deleted (the store's masters are HA here, two electing through an etcd the harness runs on the bridge: how long
 until another master leads, what the clients saw, and that the status names the new leader); `kubectl describe` and
@@ -34,8 +35,16 @@ import pytest
 from epd_connectors.config.roles import Role
 from epd_operator.api import constants as c
 from epd_testenv import nodehost
-from tests.e2e.conftest import REPO, TIMINGS, VllmInstance
-from tests.e2e.pods.conftest import RealCluster, RealEPD, deployed, is_ready, workload
+from tests.e2e.conftest import REPO, SETUP_HINT, TIMINGS, VllmInstance
+from tests.e2e.pods.conftest import (
+    RealCluster,
+    RealEPD,
+    deployed,
+    get_text,
+    is_ready,
+    tiny_model_for_pods,
+    workload,
+)
 from tests.e2e.pods.kube import eventually
 from tests.e2e.test_local_e_p_d import (
     CASES,
@@ -51,6 +60,7 @@ from tests.e2e.test_local_e_p_d import (
     tokens,
     total,
 )
+from tests.tiny_model import build as tiny_model_build
 
 pytestmark = [pytest.mark.e2e, pytest.mark.pods, pytest.mark.timeout(2400)]
 
@@ -62,6 +72,8 @@ LOAD: list[list[dict[str, Any]] | str] = [
 ]
 """What the load sends, in turn."""
 ROLL_TIMEOUT_S = 1200.0
+OTHER_SEED = 2
+"""The second model's weights seed (tools/tinymodel --seed): a second revision that answers differently."""
 STORE_BACK_S = 300.0
 LEADER_S = 300.0
 """A master's lease (5 s) lapses, a candidate wins and warms up (5 s), the operator reads it (every 15 s)."""
@@ -107,6 +119,8 @@ class Load:
     sent: int = 0
     failed: list[str] = field(default_factory=list)
     wrong: list[str] = field(default_factory=list)
+    answers: list[tuple[int, Tokens]] = field(default_factory=list)
+    """(index into LOAD, the answer) of every request answered."""
     last_ok: float = 0.0
     outage_s: float = 0.0
     """The longest time between two successful requests."""
@@ -127,6 +141,7 @@ class Load:
             now = time.monotonic()
             self.outage_s = max(self.outage_s, now - self.last_ok)
             self.last_ok = now
+            self.answers.append(((self.sent - 1) % len(LOAD), got))
             if got != want:
                 self.wrong.append(f"{content!r}: {got}")
 
@@ -311,26 +326,67 @@ def _served_by(epd: RealEPD, encoder_url: str) -> float:
     return total(epd.metrics(Role.PROXY), "epd_proxy_backend_requests_total", role="encoder", instance=encoder_url)
 
 
-def test_a_model_revision_rolls_the_model_roles_under_load(epd: RealEPD, load: Load) -> None:
-    """Every vLLM pod carries the model revision, so a new revision rolls the encoders, prefill and decode (an
-    encoder loaded with the old weights must not outlive them) and not the store or the proxy."""
-    before = {p["metadata"]["name"] for p in epd.pods()}
-    prefix_before = epd.kv_prefix
+@pytest.fixture(scope="module")
+def other_model(e2e_python: Path) -> Path:
+    """A second tiny model: the same shape and tokenizer, other weights (another seed), so other answers."""
+    return tiny_model_for_pods(tiny_model_build(e2e_python, SETUP_HINT, seed=OTHER_SEED))
+
+
+def model_pods(epd: RealEPD) -> list[dict[str, Any]]:
+    return [p for p in epd.pods() if c.LABEL_MODEL_REVISION in p["metadata"]["labels"]]
+
+
+def rolled(epd: RealEPD, away_from: str) -> bool:
+    """Ready at a revision other than `away_from`, every model pod of it (the old set's pods all gone)."""
+    revision = epd.get()["status"].get("modelRevision")
+    labels = {p["metadata"]["labels"][c.LABEL_MODEL_REVISION] for p in model_pods(epd)}
+    return settled(epd) and revision != away_from and labels == {revision}
+
+
+def test_a_new_model_takes_over_as_a_whole_set_and_no_answer_mixes_the_two_models(
+    epd: RealEPD, load: Load, other_model: Path
+) -> None:
+    """Two revisions that answer differently (two tiny models of different seeds): the deployment rolls to the
+    other model and back under continuous load. Every vLLM pod carries its revision; a new pod is held out of
+    Ready until its revision has a whole set (the operator's readiness gate), and the proxy pairs only
+    instances of one revision. An answer made by one model's encoder and the other's language model, or one
+    model's KV and the other's decode, would match neither model's answer: none may, and none may fail."""
+    model = epd.get()["spec"]["model"]
+    first = {"revision": model.get("revision", "main"), "source": model["source"]}
+    second = {"revision": f"seed-{OTHER_SEED}", "source": {"hostPath": {"path": str(other_model)}}}
+    first_revision = epd.get()["status"]["modelRevision"]
+    before = {_name(p) for p in epd.pods()}
     began = time.monotonic()
-    patch(epd, {"model": {"revision": "r2"}})
-    eventually(lambda: epd.kv_prefix != prefix_before, "the new revision's KV prefix in the status", 120)
-    eventually(lambda: settled(epd), "the roll to finish", ROLL_TIMEOUT_S, poll_s=3)
-    TIMINGS.add("real pods: model revision roll (encoders, prefill and decode)", time.monotonic() - began)
+    patch(epd, {"model": second})
+    eventually(
+        lambda: rolled(epd, first_revision), "the other model's set Ready and the first's gone", ROLL_TIMEOUT_S, 3
+    )
+    TIMINGS.add("real pods: a new model rolled in (encoders, prefill and decode)", time.monotonic() - began)
+    second_revision = epd.get()["status"]["modelRevision"]
+    replaced = {p["metadata"]["labels"][c.LABEL_COMPONENT] for p in epd.pods() if _name(p) not in before}
+    assert replaced == {"encoder", "prefill", "decode"}, replaced  # not the store, not the proxy
+    assert json.loads(get_text(f"{epd.endpoint}/health"))["modelRevision"] == second_revision
+    answers = [ask(epd.endpoint, chat(content)) for content in LOAD]
+    assert all(a != b for a, b in zip(answers, load.expected, strict=True)), "the two models must answer apart"
+
+    began = time.monotonic()
+    patch(epd, {"model": first})
+    eventually(lambda: rolled(epd, second_revision), "the first model's set back", ROLL_TIMEOUT_S, 3)
+    TIMINGS.add("real pods: the first model rolled back in", time.monotonic() - began)
+    assert epd.get()["status"]["modelRevision"] == first_revision
     time.sleep(5)
     load.stop()
-    TIMINGS.add(f"real pods: revision roll under load: {load.sent} requests, failed", float(len(load.failed)))
-    replaced = {p["metadata"]["labels"][c.LABEL_COMPONENT] for p in epd.pods() if p["metadata"]["name"] not in before}
-    assert replaced == {"encoder", "prefill", "decode"}, replaced
-    revisions = {
-        p["metadata"]["labels"].get(c.LABEL_MODEL_REVISION) for p in epd.pods() if p["metadata"]["name"] not in before
-    }
-    assert revisions == {epd.get()["status"]["modelRevision"]}, revisions
-    assert not load.failed and not load.wrong, (load.failed, load.wrong)
+    for role in (Role.ENCODER, Role.PREFILL, Role.DECODE):
+        epd.forget(role)
+    by_model = [(load.expected[i], answers[i]) for i in range(len(LOAD))]
+    mixed = [(i, got) for i, got in load.answers if got not in by_model[i]]
+    from_second = sum(1 for i, got in load.answers if got == answers[i])
+    TIMINGS.add(f"real pods: two-model rolls under load: {load.sent} requests, failed", float(len(load.failed)))
+    TIMINGS.add("real pods: two-model rolls under load: answers matching neither model", float(len(mixed)))
+    TIMINGS.add("real pods: two-model rolls under load: answers by the second model", float(from_second))
+    TIMINGS.add("real pods: two-model rolls under load: longest gap between answers", load.outage_s)
+    assert not load.failed and not mixed, (load.failed, mixed)
+    assert 0 < from_second < len(load.answers), "both models answered while the load ran"
 
 
 def test_a_deleted_decode_pod_is_replaced_and_traffic_recovers(epd: RealEPD, load: Load) -> None:

@@ -73,7 +73,10 @@ def test_kopf_settings() -> None:
     peered = main.kopf_settings(parse("-A", "--peering", "epd-peers"))
     assert not peered.peering.standalone and peered.peering.clusterwide and peered.peering.name == "epd-peers"
     selectors = list(standalone.watching.label_selectors.values())
-    assert selectors == [handlers.CHILD_SELECTOR] * len(apply.MANAGED_KINDS), "every child kind, filtered on the server"
+    assert selectors == [handlers.CHILD_SELECTOR] * len(apply.MANAGED_KINDS) + [handlers.MODEL_POD_SELECTOR], (
+        "every child kind and the model pods, filtered on the server"
+    )
+    assert handlers.MODEL_POD_SELECTOR.endswith(",epd.serving.io/model-revision")
     assert "app.kubernetes.io/managed-by=epd-operator" in handlers.CHILD_SELECTOR
 
 

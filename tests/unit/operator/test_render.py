@@ -175,14 +175,15 @@ def test_every_pod_is_hardened_and_runs_epd_launch_for_its_role(name: str) -> No
 
 
 @pytest.mark.parametrize("name", [CROSS, OFFLOAD, SHARED])
-def test_the_proxy_follows_endpointslices_with_a_role_that_allows_only_that(name: str) -> None:
+def test_the_proxy_follows_endpointslices_and_pods_with_a_role_that_allows_only_that(name: str) -> None:
     desired = render(example(name))
     proxy = next(w for w in workloads(desired) if w["metadata"]["labels"][c.LABEL_ROLE] == Role.PROXY)
     account = proxy["spec"]["template"]["spec"]["serviceAccountName"]
     by_kind = {o["kind"]: o for o in desired.objects if o["metadata"]["name"] == account}
     assert set(by_kind) >= {"ServiceAccount", "Role", "RoleBinding"}
     assert by_kind["Role"]["rules"] == [
-        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
     ]
     assert by_kind["RoleBinding"]["subjects"][0]["name"] == account
     bundle = bundles(desired)[account]

@@ -40,6 +40,11 @@ POD_IP_ENV: Final = "POD_IP"
 """Set from the downward API in every pod: the address this process advertises to its peers."""
 WORKDIR_ENV: Final = "EPD_WORKDIR"
 """Where epd-launch writes the files it derives from the bundle (the pod's work volume)."""
+DEPLOYMENT_LABEL: Final = "epd.serving.io/deployment"
+"""On every pod of a deployment (value: the EPDDeployment's name); the proxy selects the model pods by it."""
+MODEL_REVISION_LABEL: Final = "epd.serving.io/model-revision"
+"""On encoder, prefill, decode and PD pods: a hash of the model identity and weights location; the proxy pairs
+only pods of one value (the operator's status.modelRevision names the current one)."""
 
 
 class Endpoint(ConfigModel):

@@ -94,12 +94,14 @@ class ProxyApp:
         if path == PROXY_READINESS_PATH and method in ("GET", "HEAD"):
             roles = self.roster.healthy_roles()
             ok = all(roles.values())
-            payload = {
+            payload: dict[str, Any] = {
                 "status": "healthy" if ok else "unhealthy",
                 "roles": {r.value: v for r, v in roles.items()},
                 "canaries": "on" if self._canaries_on else "off",
                 "transfers": self.canaries.report(),
             }
+            if self.roster.revisions:  # the model revision new requests go to (None: no whole set right now)
+                payload["modelRevision"] = self.roster.routing_revision()
             return _send_json(reply, 200 if ok else 503, payload)
         if path == PROXY_LIVENESS_PATH and method in ("GET", "HEAD"):
             return _send_json(reply, 200, {"status": "serving"})

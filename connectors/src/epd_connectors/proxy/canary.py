@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 from epd_connectors.config.roles import Role
 from epd_connectors.proxy.errors import ProxyError, StageTimeoutError
 from epd_connectors.proxy.flow import ClientRequest, Flow, Route
-from epd_connectors.proxy.roster import Roster
+from epd_connectors.proxy.roster import Instance, Roster
 from epd_connectors.proxy.settings import Canary
 
 log = logging.getLogger(__name__)
@@ -85,18 +85,24 @@ class PairState:
 
 
 def pairs_of(roster: Roster) -> list[Pair]:
-    """Every pair routing may use now: healthy senders with healthy receivers (pure)."""
+    """Every pair routing may use now: healthy senders with healthy receivers of the same model revision (pure)."""
 
-    def healthy(role: Role) -> list[str]:
-        return [i.url for i in roster.instances(role) if i.healthy]
+    def healthy(role: Role) -> list[Instance]:
+        return [i for i in roster.instances(role) if i.healthy]
+
+    def paired(path: TransferPath, senders: list[Instance], receivers: list[Instance]) -> list[Pair]:
+        return [
+            Pair(path, s.url, r.url)
+            for s in senders
+            for r in receivers
+            if not roster.revisions or roster.revision_of(s) == roster.revision_of(r)
+        ]
 
     pairs = []
     if Role.ENCODER in roster.roles:
-        consumers = healthy(roster.consumer_role)
-        pairs += [Pair(TransferPath.EC, e, c) for e in healthy(Role.ENCODER) for c in consumers]
+        pairs += paired(TransferPath.EC, healthy(Role.ENCODER), healthy(roster.consumer_role))
     if roster.split:
-        decodes = healthy(Role.DECODE)
-        pairs += [Pair(TransferPath.KV, p, d) for p in healthy(Role.PREFILL) for d in decodes]
+        pairs += paired(TransferPath.KV, healthy(Role.PREFILL), healthy(Role.DECODE))
     return pairs
 
 
@@ -242,9 +248,12 @@ class Canaries:
         return None
 
     def _any_decode(self, prefill: str) -> str | None:
-        """A decode the prefill's KV reaches, for an EC canary that must run on to one."""
-        failing = self._roster.failing_receivers(prefill)
-        decodes = [i.url for i in self._roster.instances(Role.DECODE) if i.healthy and i.url not in failing]
+        """A decode of the prefill's revision that its KV reaches, for an EC canary that must run on to one."""
+        avoid = self._roster.failing_receivers(prefill)
+        sender = self._roster.get(Role.PREFILL, prefill)
+        if self._roster.revisions and sender is not None:
+            avoid |= self._roster.of_other_revisions(Role.DECODE, self._roster.revision_of(sender))
+        decodes = [i.url for i in self._roster.instances(Role.DECODE) if i.healthy and i.url not in avoid]
         return decodes[self._counter % len(decodes)] if decodes else None
 
     def verdicts(self) -> list[tuple[str, str]]:

@@ -150,7 +150,7 @@ def build(
         if given.switch("discover", own.discover):
             if bundle is None:
                 raise ValueError("--discover needs --bundle (the Services come from its peers)")
-            discovery = _discovery(bundle.namespace, watches_from_peers(bundle.peers))
+            discovery = _discovery(bundle.namespace, watches_from_peers(bundle.peers), bundle.deployment)
         listed_ec = given.items("ec_consumer", str)  # addresses given by hand replace the bundle's
         static = StaticRoster(
             encoders=given.items("encoder", str, static.encoders),
@@ -175,10 +175,10 @@ def build(
     return app, host, given.value("port", own.port, int), given.value("log_level", "warning", str)
 
 
-def _discovery(namespace: str, watches: list[RoleWatch]) -> Discovery:
+def _discovery(namespace: str, watches: list[RoleWatch], deployment: str) -> Discovery:
     from epd_connectors.proxy.discovery import kubernetes_discovery  # noqa: PLC0415 - only with --discover
 
-    return kubernetes_discovery(namespace, watches)
+    return kubernetes_discovery(namespace, watches, deployment=deployment)
 
 
 SHUTDOWN_GRACE_S = 25.0

@@ -16,11 +16,19 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
-from epd_connectors.proxy.discovery_slices import SERVICE_NAME_LABEL, RoleWatch, apply_event, specs_from_slices
-from epd_connectors.proxy.roster import InstanceSpec, Roster
+from epd_connectors.proxy.discovery_slices import (
+    SERVICE_NAME_LABEL,
+    RoleWatch,
+    apply_event,
+    model_pod_selector,
+    revisions_from_pods,
+    specs_from_slices,
+)
+from epd_connectors.proxy.roster import InstanceSpec, PodRevision, Roster
 
 log = logging.getLogger(__name__)
 WATCH_TIMEOUT_S = 60
@@ -30,8 +38,23 @@ RETRY_S = 2.0
 RETRY_MAX_S = 30.0
 """The longest wait between attempts: at most this long after a Role is fixed, the proxy notices."""
 
+
+@dataclass(frozen=True)
+class Watched:
+    """What a watch reads, as its log lines name it."""
+
+    title: str
+    resource: str
+    verbs: str
+
+
+ENDPOINT_SLICES = Watched("EndpointSlices", "endpointslices (discovery.k8s.io)", "get, list and watch")
+MODEL_PODS = Watched("model pods", "pods", "list and watch")
+
 Update = tuple[RoleWatch, list[InstanceSpec]]
 """One Service's current instances (a role may have several Services: each prefill pool has its own)."""
+Revisions = dict[str, PodRevision]
+"""The model pods' revisions by pod name."""
 
 
 def load_client() -> Any:
@@ -49,18 +72,23 @@ def load_client() -> Any:
 
 
 def kubernetes_discovery(
-    namespace: str, watches: Sequence[RoleWatch], *, client_loader: Callable[[], Any] = load_client
+    namespace: str,
+    watches: Sequence[RoleWatch],
+    *,
+    deployment: str | None = None,
+    client_loader: Callable[[], Any] = load_client,
 ) -> Callable[[Roster, Callable[[], None]], Coroutine[Any, Any, None]]:
-    """A discovery coroutine function for ProxyApp: runs until cancelled. `client_loader` gives the kubernetes
+    """A discovery coroutine function for ProxyApp: runs until cancelled. With `deployment`, it also watches
+    that deployment's model pods for their revisions (Roster.revisions). `client_loader` gives the kubernetes
     package (tests pass a stand-in with the same list/watch surface)."""
 
     async def run(roster: Roster, changed: Callable[[], None]) -> None:
         kubernetes = client_loader()
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Update] = asyncio.Queue()
+        queue: asyncio.Queue[Update | Revisions] = asyncio.Queue()
         stop = threading.Event()
 
-        def publish(update: Update) -> None:
+        def publish(update: Update | Revisions) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, update)
 
         threads = [
@@ -72,6 +100,15 @@ def kubernetes_discovery(
             )
             for w in watches
         ]
+        if deployment is not None:
+            threads.append(
+                threading.Thread(
+                    target=_watch_model_pods,
+                    args=(kubernetes, namespace, deployment, publish, stop),
+                    daemon=True,
+                    name="epd-discovery-pods",
+                )
+            )
         for thread in threads:
             thread.start()
         # Each Service's last published members: a role's roster is their union, so one pool's update never
@@ -79,7 +116,13 @@ def kubernetes_discovery(
         found: dict[RoleWatch, list[InstanceSpec]] = {}
         try:
             while True:
-                watch, specs = await queue.get()
+                update = await queue.get()
+                if isinstance(update, dict):
+                    roster.revisions = update
+                    roster.version += 1
+                    changed()
+                    continue
+                watch, specs = update
                 found[watch] = specs
                 role = watch.role
                 parts = [(w, found[w]) for w in watches if w.role is role and w in found]
@@ -112,20 +155,54 @@ def _watch_service(
     kubernetes: Any, namespace: str, watch: RoleWatch, publish: Callable[[Update], None], stop: threading.Event
 ) -> None:
     """List then watch one Service's slices until `stop`; publish its members after every change."""
-    api = kubernetes.client.DiscoveryV1Api()
+    _list_and_watch(
+        kubernetes,
+        kubernetes.client.DiscoveryV1Api().list_namespaced_endpoint_slice,
+        namespace=namespace,
+        selector=f"{SERVICE_NAME_LABEL}={watch.service}",
+        publish=lambda slices: publish((watch, specs_from_slices(slices, watch))),
+        failures=Failures(namespace, watch.service),
+        stop=stop,
+    )
+
+
+def _watch_model_pods(
+    kubernetes: Any, namespace: str, deployment: str, publish: Callable[[Revisions], None], stop: threading.Event
+) -> None:
+    """List then watch the deployment's model pods until `stop`; publish their revisions after every change."""
+    _list_and_watch(
+        kubernetes,
+        kubernetes.client.CoreV1Api().list_namespaced_pod,
+        namespace=namespace,
+        selector=model_pod_selector(deployment),
+        publish=lambda pods: publish(revisions_from_pods(pods)),
+        failures=Failures(namespace, deployment, watched=MODEL_PODS),
+        stop=stop,
+    )
+
+
+def _list_and_watch(
+    kubernetes: Any,
+    list_call: Callable[..., Any],
+    *,
+    namespace: str,
+    selector: str,
+    publish: Callable[[Iterable[Mapping[str, Any]]], None],
+    failures: Failures,
+    stop: threading.Event,
+) -> None:
+    """List, then watch, the objects `selector` picks until `stop`; publish all of them after every change."""
     serialize = kubernetes.client.ApiClient().sanitize_for_serialization
-    selector = f"{SERVICE_NAME_LABEL}={watch.service}"
-    failures = Failures(namespace, watch.service)
     while not stop.is_set():
         try:
-            listed = api.list_namespaced_endpoint_slice(namespace, label_selector=selector)
-            slices: dict[str, Mapping[str, Any]] = {}
+            listed = list_call(namespace, label_selector=selector)
+            objects: dict[str, Mapping[str, Any]] = {}
             for item in listed.items:
                 data = serialize(item)
-                slices[str(data["metadata"]["name"])] = data
-            publish((watch, specs_from_slices(slices.values(), watch)))
+                objects[str(data["metadata"]["name"])] = data
+            publish(objects.values())
             stream = kubernetes.watch.Watch().stream(
-                api.list_namespaced_endpoint_slice,
+                list_call,
                 namespace,
                 label_selector=selector,
                 resource_version=listed.metadata.resource_version,
@@ -133,8 +210,8 @@ def _watch_service(
             )
             for event in stream:
                 failures.clear()
-                apply_event(slices, str(event["type"]), serialize(event["object"]))
-                publish((watch, specs_from_slices(slices.values(), watch)))
+                apply_event(objects, str(event["type"]), serialize(event["object"]))
+                publish(objects.values())
                 if stop.is_set():
                     return
             # Only a watch that delivered (or ran its course) ends a run of failures: a Role that allows list
@@ -153,8 +230,9 @@ class Failures:
     resource version (410) is routine: the first in a row lists again at once.
     """
 
-    def __init__(self, namespace: str, service: str) -> None:
-        self.what = f"EndpointSlices of {namespace}/{service}"
+    def __init__(self, namespace: str, service: str, *, watched: Watched = ENDPOINT_SLICES) -> None:
+        self.what = f"{watched.title} of {namespace}/{service}"
+        self.watched = watched
         self.namespace = namespace
         self.pause = RETRY_S
         self.last: str | None = None
@@ -174,7 +252,7 @@ class Failures:
         pause = self.pause
         self.pause = min(self.pause * 2, RETRY_MAX_S)
         if status in (HTTPStatus.UNAUTHORIZED, HTTPStatus.FORBIDDEN):
-            log.warning("%s", refusal(exc, self.what, self.namespace, pause))
+            log.warning("%s", refusal(exc, self.what, self.namespace, pause, self.watched))
         elif repeated:
             log.warning("%s: %s again; retrying in %.0f s", self.what, key, pause)
         else:
@@ -216,7 +294,7 @@ def api_message(exc: BaseException) -> str:
     return message if isinstance(message, str) else ""
 
 
-def refusal(exc: BaseException, what: str, namespace: str, retry_s: float) -> str:
+def refusal(exc: BaseException, what: str, namespace: str, retry_s: float, watched: Watched = ENDPOINT_SLICES) -> str:
     """One line for a 401 or 403: the status, the account (when the API names it), the API's message (JSON
     quoted: one line, unambiguous), and what to change."""
     status = api_status(exc) or HTTPStatus.FORBIDDEN
@@ -226,8 +304,8 @@ def refusal(exc: BaseException, what: str, namespace: str, retry_s: float) -> st
     account = user.group(1) if user else "the proxy's account"
     if status == HTTPStatus.FORBIDDEN:
         fix = (
-            f"the proxy's Role must allow get, list and watch on endpointslices (discovery.k8s.io) in namespace "
-            f"{namespace}, and its RoleBinding must bind that Role to {account}"
+            f"the proxy's Role must allow {watched.verbs} on {watched.resource} in namespace {namespace}, and its "
+            f"RoleBinding must bind that Role to {account}"
         )
     else:
         fix = (

@@ -1,4 +1,5 @@
-"""From a Service's EndpointSlices to the instances behind it (pure; the watching is in `discovery`).
+"""From a Service's EndpointSlices to the instances behind it, and from the model pods to their revisions (pure;
+the watching is in `discovery`).
 
 A Service name load-balances over its pods, but the proxy must pick pods itself (least outstanding, hashing
 by uuid) and must name the exact pod an encoder pushes to, so it reads the pod addresses from the Service's
@@ -12,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from epd_connectors.config import base
-from epd_connectors.config.bundle import ECControl
+from epd_connectors.config.bundle import DEPLOYMENT_LABEL, MODEL_REVISION_LABEL, ECControl
 from epd_connectors.config.roles import Role
-from epd_connectors.proxy.roster import InstanceSpec
+from epd_connectors.proxy.roster import InstanceSpec, PodRevision
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 """The label every EndpointSlice of a Service carries (the watch selects on it)."""
@@ -86,10 +87,26 @@ def _pod_name(endpoint: Mapping[str, Any]) -> str:
     return ""
 
 
-def apply_event(slices: dict[str, Mapping[str, Any]], event_type: str, slice_: Mapping[str, Any]) -> None:
-    """Keep `slices` (name -> slice) current with one watch event (ADDED, MODIFIED, DELETED)."""
-    name = str((slice_.get("metadata") or {}).get("name", ""))
+def apply_event(objects: dict[str, Mapping[str, Any]], event_type: str, obj: Mapping[str, Any]) -> None:
+    """Keep `objects` (name -> slice or pod) current with one watch event (ADDED, MODIFIED, DELETED)."""
+    name = str((obj.get("metadata") or {}).get("name", ""))
     if event_type == "DELETED":
-        slices.pop(name, None)
+        objects.pop(name, None)
     elif event_type in ("ADDED", "MODIFIED"):
-        slices[name] = slice_
+        objects[name] = obj
+
+
+def model_pod_selector(deployment: str) -> str:
+    """The label selector of a deployment's model pods (encoder, prefill, decode, PD): those with a revision."""
+    return f"{DEPLOYMENT_LABEL}={deployment},{MODEL_REVISION_LABEL}"
+
+
+def revisions_from_pods(pods: Iterable[Mapping[str, Any]]) -> dict[str, PodRevision]:
+    """Pod name -> its model revision and creation time, for the pods that carry a revision."""
+    found: dict[str, PodRevision] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        revision = (meta.get("labels") or {}).get(MODEL_REVISION_LABEL)
+        if isinstance(revision, str) and revision and isinstance(meta.get("name"), str):
+            found[meta["name"]] = PodRevision(revision, str(meta.get("creationTimestamp") or ""))
+    return found

@@ -40,6 +40,10 @@ _T = TypeVar("_T")
 
 DP_RANK_HEADER = "X-data-parallel-rank"
 """vLLM's header naming the data-parallel replica that must serve a request (the one the encoder pushed to)."""
+REVISION_WAIT_S = 30.0
+"""How long a request waits for a model revision with a whole healthy set (a roll's switch takes milliseconds;
+a set being replaced by hand takes its pods' start)."""
+REVISION_POLL_S = 0.05
 
 
 class Route(NamedTuple):
@@ -108,7 +112,26 @@ class Flow:
             items = []  # no encoder pool: the consumer encodes the media itself
         role = self.roster.consumer_role
         avoid = self._consumers_no_encoder_reaches() if items and self.roster.failing else frozenset()
+        if self.roster.revisions:
+            revision = self.roster.routing_revision()
+            if revision is None:
+                return self._once_a_revision_is_whole(request)
+            avoid |= self.roster.of_other_revisions(role, revision)
         return self._with_retries(role, lambda consumer: self._via_consumer(request, items, consumer), avoid)
+
+    async def _once_a_revision_is_whole(self, request: ClientRequest) -> Answer:
+        """No model revision has a healthy instance of every role: the moment in a roll when one set's pods go
+        while the other's are not all seen yet (each Service has its own watch). Wait for a whole set rather
+        than mix revisions; give up after REVISION_WAIT_S."""
+        deadline = asyncio.get_running_loop().time() + REVISION_WAIT_S
+        while self.roster.routing_revision() is None:
+            if asyncio.get_running_loop().time() > deadline:
+                raise NoInstanceError(
+                    f"no model revision has a healthy instance of every role after {REVISION_WAIT_S:.0f} s "
+                    f"(requests never mix revisions): {self.roster.revision_summary()}"
+                )
+            await asyncio.sleep(REVISION_POLL_S)
+        return await self.run(request)
 
     def through(self, request: ClientRequest, consumer: Instance, route: Route) -> Awaitable[Answer]:
         """`request` over fixed instances, without retries elsewhere (a canary): this consumer, and the route's
@@ -132,13 +155,16 @@ class Flow:
         return avoid
 
     def _avoided(
-        self, role: Role, pinned: str | None, failing: Callable[[str], frozenset[str]], url: str
+        self, role: Role, pinned: str | None, failing: Callable[[str], frozenset[str]], consumer: Instance
     ) -> frozenset[str]:
-        """The instances of `role` a stage after `url` must not use: all but the pinned one (a canary), else
-        those whose transfer with `url` fails (while another is left)."""
+        """The instances of `role` a stage after `consumer` must not use: all but the pinned one (a canary), else
+        those of another model revision and those whose transfer with it fails (while another is left)."""
         if pinned is not None:
             return frozenset(i.url for i in self.roster.instances(role) if i.url != pinned)
-        return self._unless_all(role, failing(url)) if self.roster.failing else frozenset()
+        avoid = self._unless_all(role, failing(consumer.url)) if self.roster.failing else frozenset()
+        if self.roster.revisions:
+            avoid |= self.roster.of_other_revisions(role, self.roster.revision_of(consumer))
+        return avoid
 
     async def _with_retries(
         self, role: Role, attempt: Callable[[Instance], Awaitable[Answer]], avoid: frozenset[str] = frozenset()
@@ -194,7 +220,7 @@ class Flow:
     ) -> Answer:
         body = request.body
         if items:
-            encoders = self._avoided(Role.ENCODER, route.encoder, self.roster.failing_senders, consumer.url)
+            encoders = self._avoided(Role.ENCODER, route.encoder, self.roster.failing_senders, consumer)
             # Counted against the consumer while its media are encoded, so concurrent requests spread over
             # consumers from the start instead of all choosing the one that looked idle.
             with Outstanding(consumer):
@@ -212,7 +238,7 @@ class Flow:
         decode_body = with_uuids(request.body, items)
         if kv_params is not None:
             decode_body["kv_transfer_params"] = kv_params
-        decodes = self._avoided(Role.DECODE, route.decode, self.roster.failing_receivers, consumer.url)
+        decodes = self._avoided(Role.DECODE, route.decode, self.roster.failing_receivers, consumer)
         return await _as_role(
             Role.DECODE,
             self._with_retries(

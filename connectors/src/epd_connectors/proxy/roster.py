@@ -29,6 +29,15 @@ class InstanceSpec:
     """The pod's name where discovery knows it (reports name pods, not only addresses)."""
 
 
+@dataclass(frozen=True)
+class PodRevision:
+    """A model pod's revision label and when the pod was made (discovery's pod watch)."""
+
+    revision: str
+    created: str
+    """creationTimestamp (RFC 3339 in UTC, so it sorts as time)."""
+
+
 @dataclass
 class Instance:
     """One instance and what the proxy has learned about it."""
@@ -65,6 +74,10 @@ class Roster:
     """(sender, receiver) URLs of the transfer paths whose canaries fail (module canary): an encoder whose
     pushes do not reach an EC consumer, a prefill whose KV does not reach a decode. Routing keeps such pairs
     apart; empty (the usual case) costs requests one truth test."""
+    revisions: dict[str, PodRevision] = field(default_factory=dict)
+    """Pod name -> its model revision (discovery's pod watch). Routing pairs only instances of one revision, so
+    an embedding or KV block made with other weights never meets a model that would misread it; empty (a static
+    roster, or no pod seen) leaves routing as it is."""
 
     @classmethod
     def build(cls, specs: Mapping[Role, Sequence[InstanceSpec]], *, healthy: bool = False) -> Roster:
@@ -118,6 +131,40 @@ class Roster:
 
     def candidates(self, role: Role) -> list[Candidate]:
         return [i.candidate() for i in self.members.get(role, {}).values()]
+
+    def revision_of(self, instance: Instance) -> str:
+        """Its pod's model revision; "" when the pod watch has not shown it (it then pairs with nothing)."""
+        known = self.revisions.get(instance.spec.name)
+        return known.revision if known is not None else ""
+
+    def routing_revision(self) -> str | None:
+        """The revision new requests go to: of those with a healthy instance in every role, the one with the
+        newest pod (a roll's new set, once whole, takes over and the old one drains); None when no revision has
+        a whole healthy set."""
+        present: dict[str, set[Role]] = {}
+        for instance in self.instances():
+            if instance.healthy:
+                present.setdefault(self.revision_of(instance), set()).add(instance.role)
+        whole = {revision for revision, roles in present.items() if revision and self.roles <= roles}
+        if not whole:
+            return None
+        newest = {revision: "" for revision in whole}
+        for known in self.revisions.values():
+            if known.revision in newest:
+                newest[known.revision] = max(newest[known.revision], known.created)
+        return max(whole, key=lambda revision: (newest[revision], revision))
+
+    def of_other_revisions(self, role: Role, revision: str) -> frozenset[str]:
+        """The instances of `role` a request of `revision` must not use."""
+        return frozenset(i.url for i in self.instances(role) if self.revision_of(i) != revision)
+
+    def revision_summary(self) -> str:
+        """Each role's healthy instances by revision, for the error a request gets when no set is whole."""
+        parts = []
+        for role in sorted(self.roles):
+            revisions = sorted(self.revision_of(i) or "unknown" for i in self.instances(role) if i.healthy)
+            parts.append(f"{role.value} {', '.join(revisions) or 'none healthy'}")
+        return "; ".join(parts)
 
     def failing_senders(self, receiver: str) -> frozenset[str]:
         """The senders whose transfers to `receiver` fail."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from epd_connectors.config.bundle import DEPLOYMENT_LABEL, MODEL_REVISION_LABEL
+
 GROUP: Final = "epd.serving.io"
 VERSION: Final = "v1alpha1"
 API_VERSION: Final = f"{GROUP}/{VERSION}"
@@ -26,15 +28,19 @@ LABEL_PART_OF: Final = "app.kubernetes.io/part-of"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 LABEL_VERSION: Final = "app.kubernetes.io/version"
 LABEL_ROLE: Final = f"{GROUP}/role"
-LABEL_DEPLOYMENT: Final = f"{GROUP}/deployment"
-"""Selects every child of one EPDDeployment (value: its name); used by the NetworkPolicy and by status."""
+LABEL_DEPLOYMENT: Final = DEPLOYMENT_LABEL
+"""Selects every child of one EPDDeployment (value: its name); used by the NetworkPolicy, status and the proxy."""
 LABEL_POOL: Final = f"{GROUP}/pool"
 """On prefill workloads and pods: the prefill pool ("main" or an additionalPools name), so pools have
 distinct selectors."""
 
-LABEL_MODEL_REVISION: Final = f"{GROUP}/model-revision"
-"""On encoder, prefill, decode and PD pods: a hash of the model identity and weights source (status.modelRevision),
-so a model change rolls every vLLM role and pods of different weights can be told apart."""
+LABEL_MODEL_REVISION: Final = MODEL_REVISION_LABEL
+"""On encoder, prefill, decode and PD pods (status.modelRevision): a model change rolls every vLLM role, and pods
+of different weights can be told apart."""
+CONDITION_REVISION_READY: Final = f"{GROUP}/revision-ready"
+"""The readiness gate of encoder, prefill, decode and PD pods: the operator sets it True once every model role has
+a pod of the pod's revision with its containers ready, so a new revision takes traffic as a whole set and the
+old pods (which the workloads delete only as new ones become Ready) serve until then."""
 
 APP_NAME: Final = "epd"
 MANAGED_BY: Final = "epd-operator"

@@ -134,6 +134,8 @@ def pod_template(ctx: Context, params: PodParams) -> dict[str, Any]:
     if unit.role in VLLM_ROLES:
         # Not in the selector (immutable): a new model rolls the pods, and old and new pods stay one workload.
         labels[c.LABEL_MODEL_REVISION] = ctx.model_revision
+        # Ready only once the revision has a whole set (revision_gate), so a roll switches sets at once.
+        spec["readinessGates"] = [{"conditionType": c.CONDITION_REVISION_READY}]
     return {
         "metadata": {
             "labels": labels,

@@ -88,9 +88,11 @@ def proxy_bundle(ctx: Context, units: list[Unit]) -> RoleBundle:
 
 
 DISCOVERY_RULES: Final = [
-    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}
+    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
 ]
-"""All the proxy may do with the API: follow the EndpointSlices of its deployment's Services."""
+"""All the proxy may do with the API: follow the EndpointSlices of its deployment's Services, and its model pods
+for their revision labels (it pairs only instances of one model revision)."""
 
 
 def render_proxy_rbac(ctx: Context, unit: Unit) -> list[dict[str, Any]]:

@@ -1,0 +1,131 @@
+"""Revision-consistent routing: with the model pods' revisions known (discovery's pod watch fills
+Roster.revisions), a request's encoder, prefill and decode are all of one revision, the newest whole set takes
+new requests, a request with no whole set waits for one, and canaries pair only instances of one revision.
+
+The backends are the tier's stand-ins (they record what reached them); real vLLM of two revisions on real pods
+is tests/e2e/pods/test_e_p_d.py."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import pytest
+
+from epd_connectors.config.roles import Role
+from epd_connectors.proxy import flow
+from epd_connectors.proxy.app import ProxyApp
+from epd_connectors.proxy.canary import pairs_of
+from epd_connectors.proxy.roster import InstanceSpec, PodRevision, Roster
+from tests.proxy.harness import FAST, post_json, run, serving
+from tests.proxy.stand_ins import StandIn, running
+
+OLD, NEW = PodRevision("aaaa", "2026-12-03T01:00:00Z"), PodRevision("bbbb", "2026-12-03T02:00:00Z")
+
+
+def chat(seed: int) -> dict[str, Any]:
+    content = [{"type": "text", "text": "what"}, {"type": "image_url", "image_url": {"url": f"data:img{seed}"}}]
+    return {"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": content}]}
+
+
+def two_sets() -> dict[str, StandIn]:
+    return {
+        f"{role}-{rev}": StandIn(f"{role}-{rev}", role=role)
+        for role in ("encoder", "prefill", "decode")
+        for rev in ("old", "new")
+    }
+
+
+def roster_for(stand_ins: dict[str, StandIn], present: list[str]) -> Roster:
+    roles = {"encoder": Role.ENCODER, "prefill": Role.PREFILL, "decode": Role.DECODE}
+    specs: dict[Role, list[InstanceSpec]] = {role: [] for role in roles.values()}
+    for name in present:
+        specs[roles[name.split("-")[0]]].append(InstanceSpec(stand_ins[name].url, name=name))
+    roster = Roster.build(specs, healthy=True)
+    roster.revisions = {name: OLD if name.endswith("old") else NEW for name in stand_ins}
+    return roster
+
+
+def served(stand_ins: dict[str, StandIn]) -> set[str]:
+    return {name for name, s in stand_ins.items() if s.requests}
+
+
+def test_every_request_stays_within_the_newest_whole_revision_and_falls_back_to_the_old_one_whole() -> None:
+    async def main() -> None:
+        stand_ins = two_sets()
+        async with running(*stand_ins.values()):
+            roster = roster_for(stand_ins, list(stand_ins))
+            async with serving(ProxyApp(roster, FAST)) as url, aiohttp.ClientSession() as session:
+                for seed in range(6):
+                    status, _ = await post_json(session, url + "/v1/chat/completions", chat(seed))
+                    assert status == 200
+                assert served(stand_ins) == {"encoder-new", "prefill-new", "decode-new"}
+                async with session.get(url + "/health") as response:
+                    assert (await response.json())["modelRevision"] == NEW.revision
+                # The new set loses its only prefill: the old set is the only whole one, and takes everything.
+                roster.get(Role.PREFILL, stand_ins["prefill-new"].url).healthy = False  # type: ignore[union-attr]
+                for stand_in in stand_ins.values():
+                    stand_in.requests.clear()
+                for seed in range(6, 12):
+                    status, _ = await post_json(session, url + "/v1/chat/completions", chat(seed))
+                    assert status == 200
+                assert served(stand_ins) == {"encoder-old", "prefill-old", "decode-old"}
+
+    run(main)
+
+
+def test_a_request_with_no_whole_revision_waits_for_one_and_never_mixes() -> None:
+    async def main() -> None:
+        stand_ins = two_sets()
+        async with running(*stand_ins.values()):
+            # Mid-switch: the old encoder went, the new prefill is not seen yet.
+            roster = roster_for(stand_ins, ["encoder-new", "prefill-old", "decode-old", "decode-new"])
+            async with serving(ProxyApp(roster, FAST)) as url, aiohttp.ClientSession() as session:
+                answer = asyncio.ensure_future(session.post(url + "/v1/chat/completions", json=chat(1)))
+                await asyncio.sleep(0.5)
+                assert not answer.done() and not served(stand_ins), "nothing is sent while no revision is whole"
+                roster.replace(
+                    Role.PREFILL,
+                    [InstanceSpec(stand_ins[n].url, name=n) for n in ("prefill-old", "prefill-new")],
+                    healthy=True,
+                )
+                async with await answer as response:
+                    assert response.status == 200
+                assert served(stand_ins) == {"encoder-new", "prefill-new", "decode-new"}
+
+    run(main)
+
+
+def test_a_request_that_finds_no_whole_revision_in_time_is_refused_naming_the_revisions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(flow, "REVISION_WAIT_S", 0.3)
+
+    async def main() -> None:
+        stand_ins = two_sets()
+        async with running(*stand_ins.values()):
+            roster = roster_for(stand_ins, ["encoder-new", "prefill-old", "decode-old"])
+            async with serving(ProxyApp(roster, FAST)) as url, aiohttp.ClientSession() as session:
+                status, body = await post_json(session, url + "/v1/chat/completions", chat(1))
+        assert status == 503
+        message = body["error"]["message"]
+        assert "no model revision has a healthy instance of every role" in message
+        assert "encoder bbbb" in message and "prefill aaaa" in message, message
+        assert not served(stand_ins)
+
+    run(main)
+
+
+def test_canaries_pair_only_instances_of_one_revision() -> None:
+    names = [f"{role}-{rev}" for role in ("encoder", "prefill", "decode") for rev in ("old", "new")]
+    stand_ins = {n: StandIn(n, url=f"http://{n}:8000") for n in names}
+    pairs = {
+        (p.sender.split("//")[1][:-5], p.receiver.split("//")[1][:-5]) for p in pairs_of(roster_for(stand_ins, names))
+    }
+    assert pairs == {
+        ("encoder-old", "prefill-old"),
+        ("encoder-new", "prefill-new"),
+        ("prefill-old", "decode-old"),
+        ("prefill-new", "decode-new"),
+    }

@@ -375,7 +375,12 @@ def test_the_roster_follows_the_ready_pods_without_a_restart(
         assert status == 200, body
         # It watches the model pods too (the rendered Role allows it): every instance has the deployment's revision.
         revision = admin.get(EPD_PATH.format(ns=ns) + f"/{name}")["status"]["modelRevision"]
-        assert revision and json.loads(body)["modelRevision"] == revision, body
+        assert revision
+        eventually(
+            "the proxy routing to the deployment's model revision",
+            lambda: json.loads(proxy.get("/health")[1]).get("modelRevision") == revision,
+            detail=lambda: f"{proxy.get('/health')[1]}\n{proxy.tail()}",
+        )
 
         # Scaling: more decode pods, fewer encoders; the same proxy process follows.
         admin.merge_patch(

@@ -64,11 +64,8 @@ def gates_to_open(pods: Iterable[ModelPod], roles: frozenset[str]) -> list[Model
     starting too, so a replacement or a scale-out of a serving revision is Ready as soon as it is up)."""
     pods = list(pods)
     complete = complete_revisions(pods, roles)
-    return sorted((p for p in pods if p.revision in complete and not p.gate_open and not p.terminating), key=_name)
-
-
-def _name(pod: ModelPod) -> str:
-    return pod.name
+    opening = [p for p in pods if p.revision in complete and not p.gate_open and not p.terminating]
+    return sorted(opening, key=lambda p: p.name)
 
 
 def open_gate_patch(pod: ModelPod, now: str) -> dict[str, Any]:

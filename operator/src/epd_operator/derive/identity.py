@@ -89,13 +89,16 @@ def model_revision(model: ModelSpec) -> str:
     """What every vLLM pod carries as its revision label: a hash of all that decides its outputs (the encoder's
     identity, which covers the KV identity), so pods of one value may exchange embeddings and KV blocks and pods
     of two values may not."""
-    canonical = json.dumps(embedding_identity(model), sort_keys=True, separators=(",", ":"))
-    return _digest(REVISION_HEAD, canonical)[:PREFIX_HASH_LEN]
+    return _identity_hash(REVISION_HEAD, embedding_identity(model))
+
+
+def _identity_hash(head: str, identity: dict[str, Any]) -> str:
+    canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
+    return _digest(head, canonical)[:PREFIX_HASH_LEN]
 
 
 def _prefix(head: str, identity: dict[str, Any]) -> str:
-    canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
-    return head + _digest(head, canonical)[:PREFIX_HASH_LEN]
+    return head + _identity_hash(head, identity)
 
 
 def embedding_cache_prefix(model: ModelSpec, override: str | None = None) -> str:

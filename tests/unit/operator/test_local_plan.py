@@ -14,7 +14,9 @@ from epd_connectors.config.bundle import POD_IP_PLACEHOLDER, parse_bundle
 from epd_connectors.config.ec_transfer import ECExampleConnectorConfig, ECMooncakeConsumer, ECMooncakeProducer
 from epd_connectors.config.roles import Role
 from epd_connectors.launch.plan import plan_launch
-from epd_operator.api.resource import OperatorDefaults
+from epd_operator.api.resource import OperatorDefaults, Owner
+from epd_operator.api.spec import EPDDeploymentSpec
+from epd_operator.api.store import MasterHASpec
 from epd_operator.derive import ports
 from epd_operator.derive.site import CLUSTER, LOOPBACK, ClusterNetwork, LocalNetwork
 from epd_operator.local import plan as local_plan
@@ -204,6 +206,31 @@ def test_without_the_profile_more_than_one_replica_is_refused_with_the_fix() -> 
     with pytest.raises(local_plan.LocalPlanError) as caught:
         _plan(OFFLOAD, profile.NONE)
     assert any("replicas = 2" in p and "Fix: set its replicas to 1" in p for p in caught.value.problems)
+
+
+def _with_ha_masters(path: Path) -> tuple[Owner, EPDDeploymentSpec]:
+    owner, spec = local_plan.load_manifest(path)
+    assert spec.store is not None
+    ha = MasterHASpec(replicas=3, etcd_endpoints=["etcd.serving.svc:2379"])
+    store = spec.store.model_copy(update={"master": spec.store.master.model_copy(update={"ha": ha})})
+    return owner, EPDDeploymentSpec.model_validate(spec.model_copy(update={"store": store}).model_dump(by_alias=True))
+
+
+def test_the_profile_runs_ha_masters_as_one_master_and_says_so() -> None:
+    owner, spec = _with_ha_masters(OFFLOAD)
+    paths = local_plan.local_paths(WORK, MODEL)
+    plan = local_plan.plan_local(owner, spec, paths=paths, profile=profile.CPU, base_port=30000)
+    assert "spec.store.master.ha: 3 masters -> unset (one master)" in plan.profile_changes
+    assert len(_by_role(plan)[Role.MASTER]) == 1
+
+
+def test_without_the_profile_ha_masters_are_refused_naming_the_ha_field() -> None:
+    owner, spec = _with_ha_masters(OFFLOAD)
+    paths = local_plan.local_paths(WORK, MODEL)
+    with pytest.raises(local_plan.LocalPlanError) as caught:
+        local_plan.plan_local(owner, spec, paths=paths, profile=profile.NONE, base_port=30000)
+    master = [p for p in caught.value.problems if "replicas = 3" in p]
+    assert master and all("Fix: remove spec.store.master.ha for a local run" in p for p in master)
 
 
 def test_a_file_that_is_not_an_epddeployment_is_one_clear_line(tmp_path: Path) -> None:

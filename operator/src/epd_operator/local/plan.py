@@ -124,9 +124,10 @@ def plan_local(
         if workload.replicas == 0:
             continue
         if workload.replicas is not None and workload.replicas > 1:
+            fix = "remove spec.store.master.ha" if workload.role is Role.MASTER else "set its replicas to 1"
             problems.append(
                 f"{workload.name}: replicas = {workload.replicas}; the local runner starts one instance per role "
-                "(each role's ports come from its workload). Fix: set its replicas to 1 for a local run"
+                f"(each role's ports come from its workload). Fix: {fix} for a local run"
             )
             continue
         text = configmaps[names.bundle_configmap(workload.name)]["data"][c.BUNDLE_FILE]

@@ -60,8 +60,9 @@ class LocalProfile:
     store_buffer_bytes: int | None = 64 * 1024**2
     """Upper bound of the store's local buffers (spec.store.localBufferSize, clients.localBufferSize)."""
     one_instance_per_role: bool = True
-    """Every replicas above 1 becomes 1: each local instance of a vLLM role takes about a minute and a GiB of
-    KV cache on a laptop's few cores, and the local site gives each workload one set of ports."""
+    """Every replicas above 1 becomes 1, and HA masters one master: each local instance of a vLLM role takes
+    about a minute and a GiB of KV cache on a laptop's few cores, and the local site gives each workload one set
+    of ports."""
 
 
 CPU: Final = LocalProfile()
@@ -126,6 +127,9 @@ def apply_profile(spec: EPDDeploymentSpec, profile: LocalProfile) -> tuple[EPDDe
             prefill = prefill.model_copy(update={"additional_pools": pools})
         if store is not None and not store.clients.per_node:
             store = store.model_copy(update={"clients": _one(store.clients, "spec.store.clients", changes)})
+        if store is not None and store.master.ha is not None:
+            changes.append(f"spec.store.master.ha: {store.master.ha.replicas} masters -> unset (one master)")
+            store = store.model_copy(update={"master": store.master.model_copy(update={"ha": None})})
     adjusted = spec.model_copy(
         update={
             "model": model,

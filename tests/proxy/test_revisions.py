@@ -43,7 +43,7 @@ def roster_for(stand_ins: dict[str, StandIn], present: list[str]) -> Roster:
     for name in present:
         specs[roles[name.split("-")[0]]].append(InstanceSpec(stand_ins[name].url, name=name))
     roster = Roster.build(specs, healthy=True)
-    roster.revisions = {name: OLD if name.endswith("old") else NEW for name in stand_ins}
+    roster.set_revisions({name: OLD if name.endswith("old") else NEW for name in stand_ins})
     return roster
 
 

@@ -118,8 +118,7 @@ def kubernetes_discovery(
             while True:
                 update = await queue.get()
                 if isinstance(update, dict):
-                    roster.revisions = update
-                    roster.version += 1
+                    roster.set_revisions(update)
                     changed()
                     continue
                 watch, specs = update

@@ -74,10 +74,11 @@ class Roster:
     """(sender, receiver) URLs of the transfer paths whose canaries fail (module canary): an encoder whose
     pushes do not reach an EC consumer, a prefill whose KV does not reach a decode. Routing keeps such pairs
     apart; empty (the usual case) costs requests one truth test."""
-    revisions: dict[str, PodRevision] = field(default_factory=dict)
-    """Pod name -> its model revision (discovery's pod watch). Routing pairs only instances of one revision, so
-    an embedding or KV block made with other weights never meets a model that would misread it; empty (a static
-    roster, or no pod seen) leaves routing as it is."""
+    revisions: Mapping[str, PodRevision] = field(default_factory=dict)
+    """Pod name -> its model revision (discovery's pod watch; change it through `set_revisions`). Routing pairs
+    only instances of one revision, so an embedding or KV block made with other weights never meets a model that
+    would misread it; empty (a static roster, or no pod seen) leaves routing as it is."""
+    _by_revision: _RevisionIndex | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def build(cls, specs: Mapping[Role, Sequence[InstanceSpec]], *, healthy: bool = False) -> Roster:
@@ -132,6 +133,11 @@ class Roster:
     def candidates(self, role: Role) -> list[Candidate]:
         return [i.candidate() for i in self.members.get(role, {}).values()]
 
+    def set_revisions(self, revisions: Mapping[str, PodRevision]) -> None:
+        """The pod watch's latest revisions (a membership change, as routing sees it)."""
+        self.revisions = revisions
+        self.version += 1
+
     def revision_of(self, instance: Instance) -> str:
         """Its pod's model revision; "" when the pod watch has not shown it (it then pairs with nothing)."""
         known = self.revisions.get(instance.spec.name)
@@ -141,22 +147,23 @@ class Roster:
         """The revision new requests go to: of those with a healthy instance in every role, the one with the
         newest pod (a roll's new set, once whole, takes over and the old one drains); None when no revision has
         a whole healthy set."""
-        present: dict[str, set[Role]] = {}
-        for instance in self.instances():
-            if instance.healthy:
-                present.setdefault(self.revision_of(instance), set()).add(instance.role)
-        whole = {revision for revision, roles in present.items() if revision and self.roles <= roles}
-        if not whole:
-            return None
-        newest = {revision: "" for revision in whole}
-        for known in self.revisions.values():
-            if known.revision in newest:
-                newest[known.revision] = max(newest[known.revision], known.created)
-        return max(whole, key=lambda revision: (newest[revision], revision))
+        for revision, by_role in self._revision_index().newest_first:
+            if all(any(i.healthy for i in by_role.get(role, ())) for role in self.roles):
+                return revision
+        return None
 
     def of_other_revisions(self, role: Role, revision: str) -> frozenset[str]:
         """The instances of `role` a request of `revision` must not use."""
-        return frozenset(i.url for i in self.instances(role) if self.revision_of(i) != revision)
+        index = self._revision_index()
+        others = index.others.get((role, revision))
+        return others if others is not None else index.every.get(role, frozenset())
+
+    def _revision_index(self) -> _RevisionIndex:
+        """The instances grouped by revision, rebuilt only when membership or revisions change (`version`): a
+        request's revision choice is on every request's path, and health flips need no rebuild."""
+        if self._by_revision is None or self._by_revision.version != self.version:
+            self._by_revision = _RevisionIndex.of(self)
+        return self._by_revision
 
     def revision_summary(self) -> str:
         """Each role's healthy instances by revision, for the error a request gets when no set is whole."""
@@ -181,6 +188,42 @@ class Roster:
     def ready(self) -> bool:
         """The proxy is healthy only when every required role has a healthy instance."""
         return all(self.healthy_roles().values())
+
+
+@dataclass(frozen=True)
+class _RevisionIndex:
+    """A roster's instances by model revision at one `Roster.version` (pure data; health is read live)."""
+
+    version: int
+    newest_first: tuple[tuple[str, dict[Role, tuple[Instance, ...]]], ...]
+    """Each known revision (never ""), by its newest pod's creation, then by name, newest first."""
+    others: dict[tuple[Role, str], frozenset[str]]
+    """(role, revision) -> the URLs of that role's instances of any other revision."""
+    every: dict[Role, frozenset[str]]
+    """Each role's URLs: what a revision no instance has must avoid."""
+
+    @classmethod
+    def of(cls, roster: Roster) -> _RevisionIndex:
+        grouped: dict[str, dict[Role, list[Instance]]] = {}
+        for instance in roster.instances():
+            grouped.setdefault(roster.revision_of(instance), {}).setdefault(instance.role, []).append(instance)
+        newest = dict.fromkeys(grouped, "")
+        for known in roster.revisions.values():
+            if known.revision in newest:
+                newest[known.revision] = max(newest[known.revision], known.created)
+        order = sorted((r for r in grouped if r), key=lambda r: (newest[r], r), reverse=True)
+        every = {role: frozenset(i.url for i in roster.instances(role)) for role in roster.members}
+        others = {
+            (role, revision): every[role] - {i.url for i in grouped[revision].get(role, [])}
+            for revision in grouped
+            for role in every
+        }
+        return cls(
+            roster.version,
+            tuple((r, {role: tuple(members) for role, members in grouped[r].items()}) for r in order),
+            others,
+            every,
+        )
 
 
 class Outstanding:

@@ -152,22 +152,24 @@ async def _with_the_proxy(operator: Operator, master_metrics: str, requester: An
     async with running(*encoders, pd):
         app = ProxyApp(roster_of({Role.ENCODER: encoders, Role.PD: [pd]}), FAST)
         async with serving(app) as proxy, aiohttp.ClientSession() as session:
-            encoders[0].statuses = [500]  # one encoder error, retried on the other
-            for n in range(6):
-                body = {
-                    "model": "tiny",
-                    "messages": [
-                        {
-                            "role": "user",
-                            "content": [
-                                {"type": "text", "text": "describe"},
-                                {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{n % 3}"}},
-                            ],
-                        }
-                    ],
-                }
+
+            async def describe(image: int) -> None:
+                content = [
+                    {"type": "text", "text": "describe"},
+                    {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{image}"}},
+                ]
+                body = {"model": "tiny", "messages": [{"role": "user", "content": content}]}
                 async with session.post(proxy + "/v1/chat/completions", json=body) as answer:
                     assert answer.status == 200, await answer.text()
+
+            await describe(0)
+            # One encoder error, retried on the other: the same image goes to the same encoder (affinity, which
+            # follows the stand-ins' ports, so which one is not fixed).
+            [first] = [e for e in encoders if e.requests]
+            first.statuses = [500]
+            for image in (0, 1, 2, 0, 1, 2):
+                await describe(image)
+            assert not first.statuses, "the image's second request did not reach its first encoder"
             for n in range(16):  # the 16 MiB pool full (past 95 %), and reads for the hit rate
                 if requester.put(f"obs/{n}", b"o" * MiB) != 0:
                     break

@@ -1,8 +1,8 @@
 """The proxy's per-request routing choice with model revisions known, against the same choice without them.
 
 On Kubernetes the proxy's pod watch fills `Roster.revisions`, and every request then picks the routing revision
-(a walk over the roster) and leaves out the other revisions' instances before choosing the least-loaded consumer
-and decode (proxy/flow.py). A static roster (the local runner, `bench/proxy`) takes neither step. This times
+and leaves out the other revisions' instances before choosing the least-loaded consumer and decode
+(proxy/flow.py). A static roster (the local runner, `bench/proxy`) takes neither step. This times
 both choices in process, over the roster code itself, for an E/P/D roster of N instances per role: once with one
 revision (steady state) and once mid-roll (half the instances of each role on a second revision). The peer is the
 static choice; the figure to watch is the added microseconds beside the proxy's CPU per request (bench/proxy,

@@ -6,16 +6,15 @@ baseline, and the counters prove the transfers as the local tier does (tests/e2e
 prompt token computed by the decode, KV from the P2P peer, keys in the store under the deployment's prefix.
 
 Then, each reported as a figure (e2e timings): the encoders scaled 1 -> 2 while requests flow (the proxy's roster
-follows the EndpointSlices; no request fails); a second model (a tiny model of another seed, so other answers)
-rolled in as a new revision and the first rolled back, while requests flow (each revision's pods take traffic
-only as a whole set, the proxy pairs only pods of one revision: no request fails, no answer matches neither
-model); a
-decode pod deleted (replaced by its Deployment; how long until requests succeed again); the leading master's pod
-deleted (the store's masters are HA here, two electing through an etcd the harness runs on the bridge: how long
-until another master leads, what the clients saw, and that the status names the new leader); `kubectl describe` and
-`kubectl logs`; the EPDDeployment deleted (every child and container gone). The model roles roll with maxSurge 1
-(spec.*.maxSurge): with the default of replacing one pod at a time, a role of one replica is down while its new
-pod loads.
+follows the EndpointSlices; no request fails); a decode pod deleted (replaced by its Deployment; how long until
+requests succeed again); the leading master's pod deleted (the store's masters are HA here, two electing through
+an etcd the harness runs on the bridge: how long until another master leads, what the clients saw, and that the
+status names the new leader); a second model (a tiny model of another seed, so other answers) rolled in as a new
+revision while requests flow (each revision's pods take traffic only as a whole set, the proxy pairs only pods of
+one revision: no request fails, no answer matches neither model), last, as the tests before compare answers with
+the first model's; `kubectl describe` and `kubectl logs`; the EPDDeployment deleted (every child and container
+gone). The model roles roll with maxSurge 1 (spec.*.maxSurge): with the default of replacing one pod at a time, a
+role of one replica is down while its new pod loads.
 """
 
 from __future__ import annotations
@@ -343,52 +342,6 @@ def rolled(epd: RealEPD, away_from: str) -> bool:
     return settled(epd) and revision != away_from and labels == {revision}
 
 
-def test_a_new_model_takes_over_as_a_whole_set_and_no_answer_mixes_the_two_models(
-    epd: RealEPD, load: Load, other_model: Path
-) -> None:
-    """Two revisions that answer differently (two tiny models of different seeds): the deployment rolls to the
-    other model and back under continuous load. Every vLLM pod carries its revision; a new pod is held out of
-    Ready until its revision has a whole set (the operator's readiness gate), and the proxy pairs only
-    instances of one revision. An answer made by one model's encoder and the other's language model, or one
-    model's KV and the other's decode, would match neither model's answer: none may, and none may fail."""
-    model = epd.get()["spec"]["model"]
-    first = {"revision": model.get("revision", "main"), "source": model["source"]}
-    second = {"revision": f"seed-{OTHER_SEED}", "source": {"hostPath": {"path": str(other_model)}}}
-    first_revision = epd.get()["status"]["modelRevision"]
-    before = {_name(p) for p in epd.pods()}
-    began = time.monotonic()
-    patch(epd, {"model": second})
-    eventually(
-        lambda: rolled(epd, first_revision), "the other model's set Ready and the first's gone", ROLL_TIMEOUT_S, 3
-    )
-    TIMINGS.add("real pods: a new model rolled in (encoders, prefill and decode)", time.monotonic() - began)
-    second_revision = epd.get()["status"]["modelRevision"]
-    replaced = {p["metadata"]["labels"][c.LABEL_COMPONENT] for p in epd.pods() if _name(p) not in before}
-    assert replaced == {"encoder", "prefill", "decode"}, replaced  # not the store, not the proxy
-    assert json.loads(get_text(f"{epd.endpoint}/health"))["modelRevision"] == second_revision
-    answers = [ask(epd.endpoint, chat(content)) for content in LOAD]
-    assert all(a != b for a, b in zip(answers, load.expected, strict=True)), "the two models must answer apart"
-
-    began = time.monotonic()
-    patch(epd, {"model": first})
-    eventually(lambda: rolled(epd, second_revision), "the first model's set back", ROLL_TIMEOUT_S, 3)
-    TIMINGS.add("real pods: the first model rolled back in", time.monotonic() - began)
-    assert epd.get()["status"]["modelRevision"] == first_revision
-    time.sleep(5)
-    load.stop()
-    for role in (Role.ENCODER, Role.PREFILL, Role.DECODE):
-        epd.forget(role)
-    by_model = [(load.expected[i], answers[i]) for i in range(len(LOAD))]
-    mixed = [(i, got) for i, got in load.answers if got not in by_model[i]]
-    from_second = sum(1 for i, got in load.answers if got == answers[i])
-    TIMINGS.add(f"real pods: two-model rolls under load: {load.sent} requests, failed", float(len(load.failed)))
-    TIMINGS.add("real pods: two-model rolls under load: answers matching neither model", float(len(mixed)))
-    TIMINGS.add("real pods: two-model rolls under load: answers by the second model", float(from_second))
-    TIMINGS.add("real pods: two-model rolls under load: longest gap between answers", load.outage_s)
-    assert not load.failed and not mixed, (load.failed, mixed)
-    assert 0 < from_second < len(load.answers), "both models answered while the load ran"
-
-
 def test_a_deleted_decode_pod_is_replaced_and_traffic_recovers(epd: RealEPD, load: Load) -> None:
     (decode,) = [p for p in epd.pods() if p["metadata"]["labels"][c.LABEL_COMPONENT] == "decode"]
     began = time.monotonic()
@@ -447,6 +400,48 @@ def test_the_leading_masters_pod_deleted_under_load_another_master_leads_and_req
     TIMINGS.add(f"real pods: leading master deleted: {load.sent} requests, failed", float(len(load.failed)))
     TIMINGS.add("real pods: leading master deleted: longest gap between answers", load.outage_s)
     assert not load.failed and not load.wrong, (load.failed, load.wrong)
+
+
+def test_a_new_model_takes_over_as_a_whole_set_and_no_answer_mixes_the_two_models(
+    epd: RealEPD, load: Load, other_model: Path
+) -> None:
+    """Two revisions that answer differently (two tiny models of different seeds): the deployment rolls to the
+    other model under continuous load. Every vLLM pod carries its revision; a new pod is held out of Ready until
+    its revision has a whole set (the operator's readiness gate), and the proxy pairs only instances of one
+    revision. An answer made by one model's encoder and the other's language model, or one model's KV and the
+    other's decode, would match neither model's answer: none may, and none may fail. The module's last change
+    to the deployment: the tests before it compare answers with the first model's."""
+    first_revision = epd.get()["status"]["modelRevision"]
+    second = {"revision": f"seed-{OTHER_SEED}", "source": {"hostPath": {"path": str(other_model)}}}
+    before = {_name(p) for p in epd.pods()}
+    began = time.monotonic()
+    patch(epd, {"model": second})
+    eventually(
+        lambda: rolled(epd, first_revision), "the other model's set Ready and the first's gone", ROLL_TIMEOUT_S, 3
+    )
+    TIMINGS.add("real pods: a new model rolled in (encoders, prefill and decode)", time.monotonic() - began)
+    second_revision = epd.get()["status"]["modelRevision"]
+    replaced = {p["metadata"]["labels"][c.LABEL_COMPONENT] for p in epd.pods() if _name(p) not in before}
+    assert replaced == {"encoder", "prefill", "decode"}, replaced  # not the store, not the proxy
+    assert json.loads(get_text(f"{epd.endpoint}/health"))["modelRevision"] == second_revision
+    answers = [ask(epd.endpoint, chat(content)) for content in LOAD]
+    assert all(a != b for a, b in zip(answers, load.expected, strict=True)), "the two models must answer apart"
+
+    def by_the_second_model() -> int:
+        return sum(1 for i, got in load.answers if got == answers[i])
+
+    eventually(lambda: by_the_second_model() >= len(LOAD), "the load answered by the second model", 120)
+    load.stop()
+    for role in (Role.ENCODER, Role.PREFILL, Role.DECODE):
+        epd.forget(role)
+    by_model = [(load.expected[i], answers[i]) for i in range(len(LOAD))]
+    mixed = [(i, got) for i, got in load.answers if got not in by_model[i]]
+    TIMINGS.add(f"real pods: two-model roll under load: {load.sent} requests, failed", float(len(load.failed)))
+    TIMINGS.add("real pods: two-model roll under load: answers matching neither model", float(len(mixed)))
+    TIMINGS.add("real pods: two-model roll under load: answers by the second model", float(by_the_second_model()))
+    TIMINGS.add("real pods: two-model roll under load: longest gap between answers", load.outage_s)
+    assert not load.failed and not mixed, (load.failed, mixed)
+    assert by_the_second_model() < len(load.answers), "both models answered while the load ran"
 
 
 def test_describe_shows_the_operators_events_and_logs_show_each_launcher(epd: RealEPD) -> None:

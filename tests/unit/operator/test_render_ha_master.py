@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from epd_connectors.config.mooncake import CLUSTER_ID_ENV
+from epd_connectors.config.mooncake import CLUSTER_ID_ENV, RPC_CONNECT_TIMEOUT_ENV
 from epd_connectors.config.roles import Role
 from epd_connectors.launch.plan import plan_launch
 from epd_operator.render import Desired
@@ -62,13 +62,36 @@ def test_every_store_user_follows_the_same_election() -> None:
         assert '"master_server_address": "etcd://etcd-0.etcd:2379;etcd-1.etcd:2379"' in next(iter(plan.files.values()))
 
 
+def test_every_store_user_gives_up_on_a_vanished_leaders_address_within_seconds() -> None:
+    rendered = bundles(with_ha())
+    users = [b for b in rendered.values() if b.mooncake is not None or b.store_client is not None]
+    assert {b.role for b in users} == {Role.PREFILL, Role.DECODE, Role.STORE_CLIENT}
+    for bundle in users:
+        plan = plan_launch(bundle, workdir="/work", bundle_path="/b.json", environ={"POD_IP": "10.1.2.4"})
+        assert plan.env[RPC_CONNECT_TIMEOUT_ENV] == "2000", bundle.role
+
+
+def test_a_connect_bound_the_spec_or_the_pod_gives_wins() -> None:
+    spec = example(OFFLOAD)
+    spec["store"]["master"] = {"ha": {"replicas": 2, "etcdEndpoints": ETCD}}
+    spec["decode"]["env"] = {RPC_CONNECT_TIMEOUT_ENV: "5000"}
+    rendered = bundles(render(spec))
+    decode = plan_launch(
+        rendered["demo-decode"], workdir="/work", bundle_path="/b.json", environ={"POD_IP": "10.1.2.4"}
+    )
+    assert decode.env[RPC_CONNECT_TIMEOUT_ENV] == "5000"
+    pod_env = {"POD_IP": "10.1.2.4", RPC_CONNECT_TIMEOUT_ENV: "7000"}  # laid under the launcher's env
+    prefill = plan_launch(rendered["demo-prefill"], workdir="/work", bundle_path="/b.json", environ=pod_env)
+    assert RPC_CONNECT_TIMEOUT_ENV not in prefill.env
+
+
 def test_one_master_has_no_election_anywhere() -> None:
     rendered = bundles(render(example(OFFLOAD)))
     master = rendered["demo-master"].master
     assert master is not None and master.ha is None and "--cluster_id" not in " ".join(master.argv())
     for bundle in rendered.values():
         plan = plan_launch(bundle, workdir="/work", bundle_path="/b.json", environ={"POD_IP": "10.1.2.4"})
-        assert CLUSTER_ID_ENV not in plan.env
+        assert CLUSTER_ID_ENV not in plan.env and RPC_CONNECT_TIMEOUT_ENV not in plan.env
 
 
 def _master_workload(desired: Desired) -> dict[str, Any]:

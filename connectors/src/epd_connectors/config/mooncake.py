@@ -31,6 +31,18 @@ DEFAULT_CLUSTER_ID = "mooncake_cluster"
 CLUSTER_ID_ENV = "MC_STORE_CLUSTER_ID"
 """Where an HA client (vLLM's store, mooncake_client) reads the cluster id whose leader it follows; it has no
 flag or JSON key for it (Mooncake 0.3.13)."""
+RPC_CONNECT_TIMEOUT_ENV = "MC_RPC_CONNECT_TIMEOUT_MS"
+HA_RPC_CONNECT_TIMEOUT_MS = 2000
+"""An HA client's bound on each attempt to connect to a master (Mooncake's default 30 s, 4 attempts per new
+connection). A call begun on a leader whose pod is gone keeps to that address, which answers nothing; on real
+pods the longest gap between answers after the leader's pod was deleted fell from 50-60 s to 8.8 s."""
+
+
+def ha_client_defaults(cluster_id: str | None) -> dict[str, str]:
+    """Environment an HA client (vLLM's store, mooncake_client) gets unless the pod sets it; empty without HA."""
+    return {RPC_CONNECT_TIMEOUT_ENV: str(HA_RPC_CONNECT_TIMEOUT_MS)} if cluster_id is not None else {}
+
+
 DEFAULT_SEGMENT_SIZE = 4 * 1024**3
 """vLLM's own default for both sizes (4 GiB), kept so an omitted key means what vLLM would read."""
 
@@ -175,6 +187,10 @@ class MooncakeStoreConfig(base.ConfigModel):
     def env(self) -> dict[str, str]:
         """Environment the process needs besides the JSON: the HA cluster id."""
         return {CLUSTER_ID_ENV: self.cluster_id} if self.cluster_id is not None else {}
+
+    def env_defaults(self) -> dict[str, str]:
+        """Environment the process gets unless the pod's own sets it (spec.*.env)."""
+        return ha_client_defaults(self.cluster_id)
 
     def to_json(self) -> str:
         """The file's content; stable (same config, same bytes) so it can feed a rollout hash."""

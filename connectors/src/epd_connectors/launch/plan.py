@@ -68,7 +68,7 @@ def plan_launch(
         host = _pod_address(client.host, "store_client.host", pod_ip)
         client = client.model_validate({**client.model_dump(), "host": host})
         argv = client.argv()
-        env.update(client.env())
+        env.update(client.env() | _unless_set(client.env_defaults(), env, environ))
     elif bundle.role in VLLM_ROLES:
         assert bundle.vllm is not None
         mooncake = bundle.mooncake
@@ -76,7 +76,7 @@ def plan_launch(
             config_path = str(PurePosixPath(workdir, MOONCAKE_CONFIG_FILE))
             files[config_path] = mooncake.to_json()
             env["MOONCAKE_CONFIG_PATH"] = config_path
-            env.update(mooncake.env())
+            env.update(mooncake.env() | _unless_set(mooncake.env_defaults(), env, environ))
         env.update(bundle.vllm.env())
         if pod_ip:
             env[HOST_IP_ENV] = pod_ip
@@ -93,6 +93,11 @@ def plan_launch(
 
 class LaunchError(ValueError):
     """The bundle cannot run in this environment; ``str()`` is the one line the launcher prints."""
+
+
+def _unless_set(defaults: Mapping[str, str], *given: Mapping[str, str]) -> dict[str, str]:
+    """The defaults neither the spec (the bundle's env) nor the pod's environment sets."""
+    return {key: value for key, value in defaults.items() if not any(key in env for env in given)}
 
 
 def _pod_address(value: str, field: str, pod_ip: str | None) -> str:

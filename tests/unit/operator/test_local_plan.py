@@ -34,7 +34,12 @@ MODEL = Path("/opt/models/tiny")
 
 
 def _plan(path: Path, chosen: profile.LocalProfile = profile.CPU, base: int = 30000) -> local_plan.LocalPlan:
-    owner, spec = local_plan.load_manifest(path)
+    return _plan_of(*local_plan.load_manifest(path), chosen, base)
+
+
+def _plan_of(
+    owner: Owner, spec: EPDDeploymentSpec, chosen: profile.LocalProfile = profile.CPU, base: int = 30000
+) -> local_plan.LocalPlan:
     paths = local_plan.local_paths(WORK, MODEL)
     return local_plan.plan_local(owner, spec, paths=paths, profile=chosen, base_port=base)
 
@@ -217,18 +222,14 @@ def _with_ha_masters(path: Path) -> tuple[Owner, EPDDeploymentSpec]:
 
 
 def test_the_profile_runs_ha_masters_as_one_master_and_says_so() -> None:
-    owner, spec = _with_ha_masters(OFFLOAD)
-    paths = local_plan.local_paths(WORK, MODEL)
-    plan = local_plan.plan_local(owner, spec, paths=paths, profile=profile.CPU, base_port=30000)
+    plan = _plan_of(*_with_ha_masters(OFFLOAD))
     assert "spec.store.master.ha: 3 masters -> unset (one master)" in plan.profile_changes
     assert len(_by_role(plan)[Role.MASTER]) == 1
 
 
 def test_without_the_profile_ha_masters_are_refused_naming_the_ha_field() -> None:
-    owner, spec = _with_ha_masters(OFFLOAD)
-    paths = local_plan.local_paths(WORK, MODEL)
     with pytest.raises(local_plan.LocalPlanError) as caught:
-        local_plan.plan_local(owner, spec, paths=paths, profile=profile.NONE, base_port=30000)
+        _plan_of(*_with_ha_masters(OFFLOAD), profile.NONE)
     master = [p for p in caught.value.problems if "replicas = 3" in p]
     assert master and all("Fix: remove spec.store.master.ha for a local run" in p for p in master)
 

@@ -34,8 +34,8 @@ flag or JSON key for it (Mooncake 0.3.13)."""
 RPC_CONNECT_TIMEOUT_ENV = "MC_RPC_CONNECT_TIMEOUT_MS"
 HA_RPC_CONNECT_TIMEOUT_MS = 2000
 """An HA client's bound on each attempt to connect to a master (Mooncake's default 30 s, 4 attempts per new
-connection). A call begun on a leader whose pod is gone keeps to that address, which answers nothing; on real
-pods the longest gap between answers after the leader's pod was deleted fell from 50-60 s to 8.8 s."""
+connection): a call begun on a leader whose pod is gone keeps to that address, which answers nothing, so the
+default stalls requests for most of a minute after a failover."""
 
 
 def ha_client_defaults(cluster_id: str | None) -> dict[str, str]:
@@ -187,10 +187,6 @@ class MooncakeStoreConfig(base.ConfigModel):
     def env(self) -> dict[str, str]:
         """Environment the process needs besides the JSON: the HA cluster id."""
         return {CLUSTER_ID_ENV: self.cluster_id} if self.cluster_id is not None else {}
-
-    def env_defaults(self) -> dict[str, str]:
-        """Environment the process gets unless the pod's own sets it (spec.*.env)."""
-        return ha_client_defaults(self.cluster_id)
 
     def to_json(self) -> str:
         """The file's content; stable (same config, same bytes) so it can feed a rollout hash."""

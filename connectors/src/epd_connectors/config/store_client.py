@@ -185,10 +185,6 @@ class StoreClientConfig(base.ConfigModel):
         env = {mc.CLUSTER_ID_ENV: self.cluster_id} if self.cluster_id is not None else {}
         return env | ({OFFLOAD_PATH_ENV: self.offload_path} if self.enable_offload else {})
 
-    def env_defaults(self) -> dict[str, str]:
-        """Environment the process gets unless the pod's own sets it."""
-        return mc.ha_client_defaults(self.cluster_id)
-
     @classmethod
     def from_argv(cls, argv: list[str], env: dict[str, str] | None = None) -> StoreClientConfig:
         """Inverse of ``argv``/``env`` (for tests and for reading a running pod's command)."""

@@ -14,7 +14,7 @@ from pathlib import PurePosixPath
 
 from epd_connectors.config.bundle import POD_IP_ENV, POD_IP_PLACEHOLDER, RoleBundle
 from epd_connectors.config.ec_transfer import ECMooncakeConsumer
-from epd_connectors.config.mooncake import StoreMode
+from epd_connectors.config.mooncake import StoreMode, ha_client_defaults
 from epd_connectors.config.roles import VLLM_ROLES, Role
 from epd_connectors.config.vllm import SERVER_MODULE
 from epd_connectors.launch.readiness import Dependency
@@ -68,7 +68,7 @@ def plan_launch(
         host = _pod_address(client.host, "store_client.host", pod_ip)
         client = client.model_validate({**client.model_dump(), "host": host})
         argv = client.argv()
-        env.update(client.env() | _unless_set(client.env_defaults(), env, environ))
+        env.update(client.env() | _unless_set(ha_client_defaults(client.cluster_id), env, environ))
     elif bundle.role in VLLM_ROLES:
         assert bundle.vllm is not None
         mooncake = bundle.mooncake
@@ -76,7 +76,7 @@ def plan_launch(
             config_path = str(PurePosixPath(workdir, MOONCAKE_CONFIG_FILE))
             files[config_path] = mooncake.to_json()
             env["MOONCAKE_CONFIG_PATH"] = config_path
-            env.update(mooncake.env() | _unless_set(mooncake.env_defaults(), env, environ))
+            env.update(mooncake.env() | _unless_set(ha_client_defaults(mooncake.cluster_id), env, environ))
         env.update(bundle.vllm.env())
         if pod_ip:
             env[HOST_IP_ENV] = pod_ip

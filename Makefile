@@ -57,14 +57,8 @@ images-test-vllm: setup-apt setup-e2e ## build the CPU flavour of the vLLM image
 images-resolve-gpu: setup-python ## pip's resolver (dry run) over the GPU vLLM image's exact requirements
 	@images/resolve-gpu.sh $(PY)
 
-# Three pytest runs, so the control plane and Mooncake processes of the first are gone before vLLM starts; all
-# always run (one CI pass reports every tier) and the target fails if any did.
-test: lint setup setup-e2e setup-vllm033 images-test images-test-vllm images-resolve-gpu ## lint, then every tier: unit, proxy, store, cluster, images, vLLM's own checks, then e2e (real vLLM, real pods on the real node; installs .venv-e2e ~6 GB and .venv-vllm033 5.5 GB)
-	@rc=0; \
-	$(PYTEST) -m "not e2e" || rc=$$?; \
-	EPD_E2E_VENV=$(VENV_E2E) EPD_VLLM033_VENV=$(VENV_VLLM033) $(PYTEST) -m vllm || rc=$$?; \
-	EPD_E2E_VENV=$(VENV_E2E) $(PYTEST) -m e2e || rc=$$?; \
-	exit $$rc
+test: ## set-up, lint, then every tier: unit, proxy, store, cluster, images, vLLM's own checks, then e2e (real vLLM, real pods on the real node; installs .venv-e2e ~6 GB and .venv-vllm033 5.5 GB); ends with the timeline (.run/timeline.txt)
+	@hack/test.sh
 
 test-fast: lint setup images-test ## lint, then every tier but e2e: unit, proxy, store (real Mooncake), cluster (real control plane), images
 	$(PYTEST) -m "not e2e"

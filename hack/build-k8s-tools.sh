@@ -19,6 +19,7 @@ bin_dir=${1:-.cache/bin}
 mkdir -p "$bin_dir"
 bin_dir=$(cd "$bin_dir" && pwd)
 tools="$root/tools/k8s"
+source "$root/hack/timeline.sh"
 
 # One build at a time per folder: people share this working tree, and two `make test` runs would otherwise
 # race on the same outputs. The second waits, then finds the stamps current and does nothing.
@@ -46,12 +47,14 @@ build() {
     return 0
   fi
   echo "build-k8s-tools: building $group (several minutes on a cold cache) ..."
-  local start=$SECONDS
+  local start=$SECONDS began
+  began=$(date +%s.%N)
   (cd "$tools/$group" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -tags "$group_tags" \
     -ldflags "$ldflags" -o "$bin_dir/$out.tmp" "$pkg")
   mv -f "$bin_dir/$out.tmp" "$bin_dir/$out"
   echo "$want" > "$stamp"
   echo "build-k8s-tools: $group built in $((SECONDS - start)) s"
+  timeline_record "go build: $group" "$began"
 }
 
 # kube: the servers and kubectl report the Kubernetes release; both version packages are stamped, as upstream

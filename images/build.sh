@@ -12,6 +12,7 @@
 # changed: a stamp per image holds their hash.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source hack/timeline.sh
 prefix=${REGISTRY:+${REGISTRY%/}/}
 flavors=${FLAVORS:-gpu cpu}
 only=${IMAGES:-}
@@ -72,7 +73,8 @@ build() {
     return 0
   fi
   echo "images: building $tag ($builder${flavored:+, $flavor flavour})"
-  local start=$SECONDS
+  local start=$SECONDS began
+  began=$(date +%s.%N)
   if [ "$builder" = docker ]; then
     DOCKER_BUILDKIT=1 docker build "${args[@]}" .
   else
@@ -87,6 +89,7 @@ build() {
   fi
   echo "$want" > "$stamp"
   echo "images: $tag built in $((SECONDS - start)) s, $(image_size "$tag")"
+  timeline_record "image $tag" "$began"
 }
 
 rows=$(grep -v -e '^#' -e '^[[:space:]]*$' images/images.txt)

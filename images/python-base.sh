@@ -17,6 +17,7 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && buildah inspect --type 
 fi
 echo "images: making the Python base $tag from Debian's packages (mmdebstrap, about a minute)"
 start=$SECONDS
+began=$(date +%s.%N)
 work=$(mktemp -d)
 container=""
 cleanup() {
@@ -46,3 +47,5 @@ buildah commit --quiet --rm "$container" "$tag" >/dev/null
 container=""
 echo "$want" > "$stamp"
 echo "images: $tag made in $((SECONDS - start)) s"
+source hack/timeline.sh
+timeline_record "image $tag (Debian's packages)" "$began"

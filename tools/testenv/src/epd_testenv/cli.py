@@ -1,4 +1,4 @@
-"""`python -m epd_testenv.cli up|down|status`: the developer's handle on the local cluster.
+"""`python -m epd_testenv.cli up|down|status|preload-images`: the developer's handle on the local cluster.
 
 `make cluster-up` / `make cluster-down` call it. The cluster keeps running after `up` returns; its state,
 logs and kubeconfig live in one folder (default .run/cluster).
@@ -10,7 +10,10 @@ import argparse
 import pathlib
 import sys
 
-from epd_testenv import cluster, components, layout, nodehost, realnode
+from epd_testenv import cluster, components, layout, nodehost, nodeimages, realnode
+
+PRELOAD_DIR = pathlib.Path(".run/preload-images")
+"""The state folder of preload-images' containerd (its config, socket and log)."""
 
 
 def usage_hint(kubeconfig: pathlib.Path) -> str:
@@ -31,7 +34,11 @@ def _state_dir(raw: str | None) -> pathlib.Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m epd_testenv.cli", description=__doc__)
-    parser.add_argument("command", choices=["up", "down", "status"])
+    parser.add_argument(
+        "command",
+        choices=["up", "down", "status", "preload-images"],
+        help="preload-images: copy the real node's images into its containerd now, with no cluster (root)",
+    )
     parser.add_argument("--state-dir", help=f"cluster state folder (default: <repo>/{layout.DEFAULT_CLUSTER_DIR})")
     parser.add_argument(
         "--timeout", type=float, default=cluster.DEFAULT_READY_TIMEOUT_S, help="bring-up deadline in seconds"
@@ -60,6 +67,14 @@ def main(argv: list[str] | None = None) -> int:
         real_node=realnode.NodeNetwork() if args.real_node else None,
         node_images=tuple(args.node_image),
     )
+    if args.command == "preload-images":
+        state_dir = pathlib.Path(args.state_dir) if args.state_dir else layout.repo_root() / PRELOAD_DIR
+        try:
+            nodeimages.preload(state_dir, args.node_image or layout.real_node_images(), print)
+        except (nodeimages.ImageError, OSError) as error:
+            print(f"preload-images: {error}", file=sys.stderr)
+            return 1
+        return 0
     local = cluster.Cluster(_state_dir(args.state_dir), settings)
 
     if args.command == "up":

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 
 import yaml
 
-from epd_testenv import api, components, layout, nodehost, nodeimages, nodes, pki, process, realnode
+from epd_testenv import api, components, layout, nodehost, nodeimages, nodes, pki, process, realnode, timeline
 
 DEFAULT_READY_TIMEOUT_S = 120.0
 """Bring-up deadline. Warm, it takes well under 20 s; a loaded 2-core CI machine gets generous headroom."""
@@ -114,7 +114,8 @@ class Cluster:
                 self._stop_locked(quiet=True)
                 self._wipe()
                 try:
-                    self._bring_up()
+                    with timeline.stage(f"cluster up ({self.state_dir.name})"):
+                        self._bring_up()
                     return
                 except PortTakenError as error:
                     self._stop_locked(quiet=True)

@@ -12,12 +12,13 @@ import hashlib
 import io
 import json
 import pathlib
+import shutil
 import subprocess
 import tarfile
 import time
 from collections.abc import Callable, Iterable
 
-from epd_testenv import layout, realnode
+from epd_testenv import layout, process, realnode, timeline
 
 IMPORTED_FILE = "epd-imported.json"
 IMPORT_TIMEOUT_S = 1800.0
@@ -149,7 +150,8 @@ def import_images(files: realnode.NodeFiles, tags: Iterable[str], say: Callable[
         began = time.monotonic()
         # The old build goes first: the disk then never holds two copies of a vLLM image.
         _remove(files, stale_refs(_listed(files), (t for t in [realnode.PAUSE_IMAGE, *tags] if t != tag)))
-        _push_into_containerd(files, tag)
+        with timeline.stage(f"image {tag} into containerd"):
+            _push_into_containerd(files, tag)
         imported[tag] = built
         _record(files, imported)
         say(f"cluster:   ok ({time.monotonic() - began:.0f} s)")
@@ -182,3 +184,27 @@ def _push_into_containerd(files: realnode.NodeFiles, tag: str) -> None:
         raise ImageError(f"buildah push {tag}: {push_err.decode(errors='replace').strip()}")
     if imported.returncode != 0:
         raise ImageError(f"ctr images import {tag}: {imported.stderr.decode(errors='replace').strip()}")
+
+
+def preload(state_dir: pathlib.Path, tags: Iterable[str], say: Callable[[str], None], timeout_s: float = 60) -> None:
+    """What a real node's start copies, copied beforehand by a containerd of its own on the shared root, then
+    stopped: `make test` runs this beside the tiers that need no node, so the real-pod tier finds them current.
+    Touches nothing on the machine but that root and `state_dir` (no bridge, rule or sysctl)."""
+    files = realnode.NodeFiles(state_dir.resolve(), layout.containerd_root())
+    files.dir.mkdir(parents=True, exist_ok=True)
+    files.containerd_root.mkdir(parents=True, exist_ok=True)
+    files.containerd_config.write_text(realnode.containerd_config(files))
+    containerd = realnode.containerd(files)
+    binary = shutil.which(containerd.binary or "containerd")
+    if binary is None:
+        raise ImageError("containerd is not installed: run `make setup` (installs it)")
+    running = process.start(containerd.name, [binary, *containerd.argv], files.dir / "logs")
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not containerd_answers(files):
+            if time.monotonic() > deadline or not process.is_ours(running.pid, files.state):
+                raise ImageError(f"containerd did not answer; log {running.log}:\n{process.log_tail(running.log)}")
+            time.sleep(0.2)
+        import_images(files, tags, say)
+    finally:
+        process.stop([running], files.state)

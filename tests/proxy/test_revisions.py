@@ -1,6 +1,7 @@
 """Revision-consistent routing: with the model pods' revisions known (discovery's pod watch fills
 Roster.revisions), a request's encoder, prefill and decode are all of one revision, the newest whole set takes
-new requests, a request with no whole set waits for one, and canaries pair only instances of one revision.
+new requests, a request with no whole set waits for one, a request whose set is retired under it runs again on
+the set that took over, and canaries pair only instances of one revision.
 
 The backends are the tier's stand-ins (they record what reached them); real vLLM of two revisions on real pods
 is tests/e2e/pods/test_e_p_d.py."""
@@ -113,6 +114,58 @@ def test_a_request_that_finds_no_whole_revision_in_time_is_refused_naming_the_re
         assert "no model revision has a healthy instance of every role" in message
         assert "encoder bbbb" in message and "prefill aaaa" in message, message
         assert not served(stand_ins)
+
+    run(main)
+
+
+@pytest.mark.parametrize("failure", ["answers 500", "refuses connections"])
+def test_a_request_whose_set_is_retired_under_it_runs_again_on_the_set_that_took_over(failure: str) -> None:
+    """A roll (issue 33): the new set turns Ready and the old pods get SIGTERM at once, while the proxy may not
+    have seen the new set whole yet. The old decode fails the request on it (vLLM aborts what it was doing, or
+    has stopped listening) before any byte reached the client: the request waits for the new set and is
+    answered by that set alone, not 502."""
+
+    async def main() -> None:
+        stand_ins = two_sets()
+        async with running(*stand_ins.values()):
+            # The new prefill is Ready, but its Service's watch has not shown it yet: the old set is the whole one.
+            roster = roster_for(stand_ins, [n for n in stand_ins if n != "prefill-new"])
+            async with serving(ProxyApp(roster, FAST)) as url, aiohttp.ClientSession() as session:
+                if failure == "answers 500":
+                    stand_ins["decode-old"].statuses = [500]
+                else:
+                    await stand_ins["decode-old"].stop()
+                answer = asyncio.ensure_future(post_json(session, url + "/v1/chat/completions", chat(1)))
+                await asyncio.sleep(0.5)
+                assert not answer.done(), "the request waits for the set that takes over"
+                roster.replace(
+                    Role.PREFILL,
+                    [InstanceSpec(stand_ins[n].url, name=n) for n in ("prefill-old", "prefill-new")],
+                    healthy=True,
+                )
+                status, body = await answer
+        assert status == 200, body
+        assert body["choices"][0]["message"]["content"] == "from decode-new"
+        assert {"encoder-new", "prefill-new", "decode-new"} <= served(stand_ins)
+        assert len(stand_ins["decode-new"].requests) == 1
+
+    run(main)
+
+
+def test_a_failure_of_the_newest_set_is_answered_at_once_and_never_moves_to_an_older_set() -> None:
+    async def main() -> None:
+        stand_ins = two_sets()
+        stand_ins["decode-new"].statuses = [500]
+        async with running(*stand_ins.values()):
+            roster = roster_for(stand_ins, list(stand_ins))
+            async with serving(ProxyApp(roster, FAST)) as url, aiohttp.ClientSession() as session:
+                started = asyncio.get_running_loop().time()
+                status, body = await post_json(session, url + "/v1/chat/completions", chat(1))
+                took = asyncio.get_running_loop().time() - started
+        assert status == 502, body
+        assert "decode-new says 500" in body["error"]["message"]
+        assert took < flow.REVISION_WAIT_S / 2, took
+        assert served(stand_ins) == {"encoder-new", "prefill-new", "decode-new"}
 
     run(main)
 

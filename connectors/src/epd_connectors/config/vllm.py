@@ -64,6 +64,7 @@ OWNED_FLAGS: dict[str, str] = {
     "--no-enable-mm-embeds": "enable_mm_embeds",
     "--no-enable-prefix-caching": "enable_prefix_caching",
     "--prefix-caching-hash-algo": "prefix_caching_hash_algo",
+    "--shutdown-timeout": "shutdown_timeout_s",
     "--ec-transfer-config": "ec_transfer_config",
     "--kv-transfer-config": "kv_transfer_config",
     # A YAML file of arguments could set any of the above behind our back.
@@ -192,6 +193,10 @@ class VllmServerConfig(ConfigModel):
     """VLLM_MOONCAKE_BOOTSTRAP_PORT for MooncakeConnector (vLLM default 8998); distinct per instance on a
     host."""
 
+    shutdown_timeout_s: int = 0
+    """--shutdown-timeout: how long vLLM lets the requests in flight finish after SIGTERM before it stops; 0, vLLM's
+    default (no flag), aborts them at once."""
+
     extra_args: Annotated[tuple[str, ...], BeforeValidator(_as_tuple)] = ()
     """Further vLLM arguments, appended last; may not set a flag this model owns."""
 
@@ -224,6 +229,13 @@ class VllmServerConfig(ConfigModel):
     def _cache_gb(cls, value: float) -> float:
         if not 0 <= value < float("inf"):
             raise rule_error("mm_processor_cache_gb", value, "must be a finite number >= 0", "use 4 (vLLM default)")
+        return value
+
+    @field_validator("shutdown_timeout_s")
+    @classmethod
+    def _shutdown_timeout(cls, value: int) -> int:
+        if value < 0:
+            raise rule_error("shutdown_timeout_s", value, "is negative", "use 0 (abort at once) or more seconds")
         return value
 
     @field_validator("python_hash_seed")
@@ -316,6 +328,8 @@ class VllmServerConfig(ConfigModel):
         )
         if self.prefix_caching_hash_algo is not None:
             args += ["--prefix-caching-hash-algo", self.prefix_caching_hash_algo]
+        if self.shutdown_timeout_s:
+            args += ["--shutdown-timeout", str(self.shutdown_timeout_s)]
         if ec is not None:
             args += ["--ec-transfer-config", ec.to_cli_json()]
         if kv is not None:

@@ -5,11 +5,15 @@ encoder must be told where to push (`consumer_zmq`, one address per data-paralle
 the first byte reached the client moves the request to another instance of the failing role; retrying a
 consumer re-runs the encode stage when the encoder pushed to the failed one. The answer is either complete or a
 stream whose first chunk already arrived, so nothing is committed to the client before the retries are over.
+A roll retires a model revision's set while requests are on it: a request whose set fails under it (its pods
+stopping: refused, reset, 5xx, gone from the roster) before the first byte runs again, once, on the set that
+took over, so the set's pods going never fails a request there was another set to serve.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -37,6 +41,7 @@ from epd_connectors.proxy.roster import Instance, Outstanding, Roster
 from epd_connectors.proxy.settings import ProxyOptions
 
 _T = TypeVar("_T")
+log = logging.getLogger(__name__)
 
 DP_RANK_HEADER = "X-data-parallel-rank"
 """vLLM's header naming the data-parallel replica that must serve a request (the one the encoder pushed to)."""
@@ -107,6 +112,10 @@ class Flow:
     def run(self, request: ClientRequest) -> Awaitable[Answer]:
         """The answer to `request` (awaitable; not a coroutine of its own, which would be one more frame for
         every request's await chain to pass)."""
+        return self._run(request, may_move=True)
+
+    def _run(self, request: ClientRequest, *, may_move: bool) -> Awaitable[Answer]:
+        """`run`; `may_move`: a failure of the revision's set may still move the request to the next set."""
         items = find_media(request.body) if request.path.endswith("/chat/completions") else []
         if items and Role.ENCODER not in self.roster.roles:
             items = []  # no encoder pool: the consumer encodes the media itself
@@ -115,23 +124,59 @@ class Flow:
         if self.roster.revisions:
             revision = self.roster.routing_revision()
             if revision is None:
-                return self._once_a_revision_is_whole(request)
+                return self._once_a_revision_is_whole(request, may_move=may_move)
             avoid |= self.roster.of_other_revisions(role, revision)
+            if may_move:
+                return self._on_revision(request, items, revision, avoid)
         return self._with_retries(role, lambda consumer: self._via_consumer(request, items, consumer), avoid)
 
-    async def _once_a_revision_is_whole(self, request: ClientRequest) -> Answer:
+    async def _once_a_revision_is_whole(self, request: ClientRequest, *, may_move: bool) -> Answer:
         """No model revision has a healthy instance of every role: the moment in a roll when one set's pods go
         while the other's are not all seen yet (each Service has its own watch). Wait for a whole set rather
         than mix revisions; give up after REVISION_WAIT_S."""
-        deadline = asyncio.get_running_loop().time() + REVISION_WAIT_S
-        while self.roster.routing_revision() is None:
-            if asyncio.get_running_loop().time() > deadline:
-                raise NoInstanceError(
-                    f"no model revision has a healthy instance of every role after {REVISION_WAIT_S:.0f} s "
-                    f"(requests never mix revisions): {self.roster.revision_summary()}"
-                )
+        if not await self._routing_revision_other_than(None):
+            raise NoInstanceError(
+                f"no model revision has a healthy instance of every role after {REVISION_WAIT_S:.0f} s "
+                f"(requests never mix revisions): {self.roster.revision_summary()}"
+            )
+        return await self._run(request, may_move=may_move)
+
+    async def _on_revision(
+        self, request: ClientRequest, items: list[MediaItem], revision: str, avoid: frozenset[str]
+    ) -> Answer:
+        """The request on `revision`'s set. When that set fails it before any byte reached the client while a
+        newer revision has pods (a roll is retiring this set: its pods get SIGTERM as the new set turns Ready,
+        with requests on them, and the proxy may see the new set a moment after), the request waits for the
+        new set as a request arriving then would, and runs again there, once. The retries inside the set come
+        first; a revision no newer set replaces fails as before, at once, and a request never moves back to an
+        older set."""
+        role = self.roster.consumer_role
+        try:
+            return await self._with_retries(role, lambda consumer: self._via_consumer(request, items, consumer), avoid)
+        except ProxyError as error:
+            if not (error.retryable or isinstance(error, NoInstanceError)) or not self.roster.superseded(revision):
+                raise
+            if not await self._routing_revision_other_than(revision):
+                raise
+            log.info(
+                "request %s: revision %s failed it while being replaced (%s); running it on revision %s",
+                request.request_id,
+                revision,
+                error.message,
+                self.roster.routing_revision(),
+            )
+        return await self._run(request, may_move=False)
+
+    async def _routing_revision_other_than(self, revision: str | None) -> bool:
+        """Wait up to REVISION_WAIT_S for a whole set of a revision other than `revision` (None: any whole
+        set); False when none came."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + REVISION_WAIT_S
+        while self.roster.routing_revision() in (None, revision):
+            if loop.time() > deadline:
+                return False
             await asyncio.sleep(REVISION_POLL_S)
-        return await self.run(request)
+        return True
 
     def through(self, request: ClientRequest, consumer: Instance, route: Route) -> Awaitable[Answer]:
         """`request` over fixed instances, without retries elsewhere (a canary): this consumer, and the route's

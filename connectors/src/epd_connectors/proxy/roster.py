@@ -152,6 +152,18 @@ class Roster:
                 return revision
         return None
 
+    def superseded(self, revision: str) -> bool:
+        """True while another revision has a pod newer than any of `revision`'s (the order `routing_revision`
+        ranks by): a roll away from it is under way. The pod watch lists pods before they are Ready, so this
+        holds from the new set's start; only a failed request asks (no index)."""
+        newest: dict[str, str] = {}
+        for known in self.revisions.values():
+            newest[known.revision] = max(newest.get(known.revision, ""), known.created)
+        if revision not in newest:
+            return False
+        mine = (newest[revision], revision)
+        return any((created, other) > mine for other, created in newest.items() if other != revision)
+
     def of_other_revisions(self, role: Role, revision: str) -> frozenset[str]:
         """The instances of `role` a request of `revision` must not use."""
         index = self._revision_index()

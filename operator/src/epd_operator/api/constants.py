@@ -41,6 +41,14 @@ CONDITION_REVISION_READY: Final = f"{GROUP}/revision-ready"
 """The readiness gate of encoder, prefill, decode and PD pods: the operator sets it True once every model role has
 a pod of the pod's revision with its containers ready, so a new revision takes traffic as a whole set and the
 old pods (which the workloads delete only as new ones become Ready) serve until then."""
+VLLM_DRAIN_DELAY_S: Final = 10
+"""A vLLM pod keeps serving this long after it is deleted (a preStop sleep), until the EndpointSlices and the
+proxy's roster have dropped it; a roll deletes the old set's pods the moment the new set turns Ready."""
+VLLM_SHUTDOWN_TIMEOUT_S: Final = 30
+"""Then, on SIGTERM, vLLM lets the requests in flight finish for up to this long (--shutdown-timeout; vLLM's
+default aborts them, and the proxy answered a client 502)."""
+VLLM_TERMINATION_GRACE_S: Final = VLLM_DRAIN_DELAY_S + VLLM_SHUTDOWN_TIMEOUT_S + 5
+"""The vLLM pods' terminationGracePeriodSeconds: the delay and the drain, and a few seconds to exit."""
 
 APP_NAME: Final = "epd"
 MANAGED_BY: Final = "epd-operator"

@@ -13,6 +13,7 @@ from epd_connectors.config.master import MasterConfig
 from epd_connectors.config.mooncake import MooncakeStoreConfig
 from epd_connectors.config.roles import VLLM_ROLES, Role
 from epd_connectors.config.vllm import VllmServerConfig
+from epd_operator.api import constants as c
 from epd_operator.api.spec import DecodeSpec, EncoderSpec, PrefillSpec
 from epd_operator.derive import ports
 from epd_operator.render import transfer
@@ -71,6 +72,7 @@ def server_config(ctx: Context, unit: Unit) -> VllmServerConfig:
             if transfer.runs_bootstrap_server(ctx, unit.role)
             else None
         ),
+        shutdown_timeout_s=c.VLLM_SHUTDOWN_TIMEOUT_S,
         extra_args=(*extra, *section.extra_args),
     )
 

@@ -136,6 +136,9 @@ def pod_template(ctx: Context, params: PodParams) -> dict[str, Any]:
         labels[c.LABEL_MODEL_REVISION] = ctx.model_revision
         # Ready only once the revision has a whole set (revision_gate), so a roll switches sets at once.
         spec["readinessGates"] = [{"conditionType": c.CONDITION_REVISION_READY}]
+        # Deleted (a roll, a scale-in), it serves on until the proxy has dropped it, then drains what is in flight.
+        container["lifecycle"] = {"preStop": {"sleep": {"seconds": c.VLLM_DRAIN_DELAY_S}}}
+        spec["terminationGracePeriodSeconds"] = c.VLLM_TERMINATION_GRACE_S
     return {
         "metadata": {
             "labels": labels,

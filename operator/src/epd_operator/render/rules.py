@@ -102,6 +102,8 @@ _BY_FIELD = {
     "enable_prefix_caching": "the operator decides prefix caching per role",
     "enable_mm_embeds": "the operator enables it wherever the proxy sends embeddings",
     "prefix_caching_hash_algo": "the operator decides the block hash (one PYTHONHASHSEED per deployment)",
+    "shutdown_timeout_s": "the operator drains a deleted vLLM pod (a preStop delay, then vLLM's --shutdown-timeout) "
+    "within the pod's grace period",
     "ec_transfer_config": "choose spec.encoder.connector",
     "kv_transfer_config": "choose spec.prefill.kv.connector or spec.decode.kv",
     "extra_args": "list the arguments in extraArgs themselves",

@@ -103,12 +103,18 @@ def progress(config: pytest.Config) -> Callable[[str], None]:
 
 @dataclass
 class Timings:
-    """Wall times the tier measures (printed at the end of the session)."""
+    """Wall times and counts the tier measures (printed at the end of the session, each with its unit)."""
 
-    entries: dict[str, float] = field(default_factory=dict)
+    entries: dict[str, tuple[float, str]] = field(default_factory=dict)
 
     def add(self, name: str, seconds: float) -> None:
-        self.entries[name] = seconds
+        self.entries[name] = (seconds, "s")
+
+    def count(self, name: str, value: int) -> None:
+        self.entries[name] = (float(value), "")
+
+    def milliseconds(self, name: str, value: float) -> None:
+        self.entries[name] = (value, "ms")
 
 
 TIMINGS = Timings()
@@ -131,8 +137,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     if not TIMINGS.entries and STAGE.wall_s is None:
         return
     terminalreporter.section("e2e timings")
-    for name, seconds in TIMINGS.entries.items():
-        terminalreporter.write_line(f"{name:<56} {seconds:8.1f} s")
+    for name, (value, unit) in TIMINGS.entries.items():
+        figure = f"{value:8.1f} {unit}" if unit else f"{value:8.0f}"
+        terminalreporter.write_line(f"{name:<56} {figure}")
     if STAGE.wall_s is not None:
         terminalreporter.write_line(f"{'e2e stage (wall)':<56} {STAGE.wall_s:8.1f} s")
     if STAGE.sampler is not None:

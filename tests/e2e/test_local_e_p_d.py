@@ -1,23 +1,32 @@
 """E + P + D for real through the local runner: examples/local-e-p-d.yaml (a Mooncake master and store client, an
 encoder pushing embeddings to the prefill over ECMooncakeConnector/TCP, a prefill handing KV to a decode with
-MooncakeConnector P2P plus MooncakeStoreConnector, the proxy) answers through its proxy exactly as the session's
-single-instance baseline does, token for token: one image, two images in one request, the same image twice in one
-request, text only, and an image sent again with another question; streamed and not.
+MooncakeConnector P2P plus MooncakeStoreConnector, the proxy) as local processes, and the checks every E+P+D
+tier shares (the cases, `serve_case`, the decode's counters, the store's keys).
 
-The transfers are proven, not assumed:
-- KV: for every request the decode's Prometheus counters say no prompt token was computed locally
-  (`prompt_tokens_by_source{source="local_compute"}` does not move) and some arrived by KV transfer from a P2P peer
-  (`external_kv_transfer` and `prompt_tokens_cached_by_source{source="p2p"}` grow), the rest being the decode's
-  own prefix cache of an earlier transfer;
-- store: after a fresh prompt the Mooncake master lists new keys, all under the deployment's KV cache prefix
-  (`/get_all_keys` on its metrics port), written by the prefill's MooncakeStoreConnector;
-- embeddings: the proxy rewrote every image into a reference and the encoder served one request per image; the
-  prefill cannot encode them itself (an EC consumer never falls back to encoding), so its answer needed the push.
-
-On this CPU build that needs two vLLM plugins of the connector library besides ec_idle_load: mooncake_cpu_device
-(MooncakeConnector's worker asks torch for the accelerator's device index and dies at start without a GPU) and
-multi_connector_metrics (vLLM 0.32.0's MultiConnector metrics assert that MooncakeConnector has Prometheus
-metrics, and the prefill answers 500 from its first transfer). Their logs' lines are asserted too.
+The cases themselves (one image, two images, the same image twice, text only, an image again; streamed and not,
+each equal to the baseline token for token with no prompt token computed by the decode) run where the operator
+deploys this example, on real pods (tests/e2e/pods/test_e_p_d.py), and through the store alone in
+test_local_e_p_d_store.py. This module's deployment proves what only local processes show:
+- store: a fresh prompt's blocks land under the deployment's KV cache prefix (`/get_all_keys` on the master's
+  metrics port), written by the prefill's MooncakeStoreConnector, from an image the encoder served;
+- the CPU workarounds: besides ec_idle_load, mooncake_cpu_device (MooncakeConnector's worker asks torch for the
+  accelerator's device index and dies at start without a GPU: shown with it switched off) and
+  multi_connector_metrics (vLLM 0.32.0's MultiConnector metrics assert that MooncakeConnector has Prometheus
+  metrics, and the prefill answers 500 from its first transfer) say what they did in the processes that need them;
+- the Mooncake master dies and is started again the way a cluster does it: the same argv, bundle and ports
+  (`LocalDeployment.restart`, what the master's Deployment does with its pod), nothing else touched, and the
+  deployment recovers by itself. What the clients see (this CPU build, vLLM 0.32.0, Mooncake 0.3.13, TCP): the
+  store client's open RPC fails at once ("RPC call failed"), its pings fail and it reconnects once the master is
+  back, mounting its segment again; MooncakeStoreConnector in the prefill and the decode raises nothing to anyone
+  (each lookup waits out Mooncake's -900, the prefill's asynchronous batch_put fails with -900); requests during
+  the outage are served correctly, KV still moving prefill -> decode over P2P, only slower; after the restart
+  the prefill writes new blocks to the store again, under the deployment's KV prefix. The restarted master holds
+  none of the old keys (no HA, no snapshot restore; the client's remount hands it segments, never objects), but
+  its pool need not be empty once the capacity is back: the prefill's store jobs run one at a time on one thread
+  (KVCacheStoreSendingThread), each waiting out -900 twice (batch_is_exist, then batch_put), so a job queued
+  during the outage (the earlier image asked again, a proxy canary) may put its blocks on the restarted master
+  after the remount. So the test asserts that the keys of an image asked only before the outage are gone, and
+  come back when that image is asked again. The module's last test.
 
 Instances: the session's baseline and this module's deployment (3 vLLM, master, store client, proxy), stopped
 when the module ends.
@@ -40,6 +49,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from epd_connectors import store_probe
 from epd_connectors.config.kv_transfer import MooncakeStoreConnectorConfig, connectors_of
 from epd_connectors.config.roles import Role
 from epd_connectors.vllm_plugins import cpu_amx_tiles, mooncake_cpu_device
@@ -402,15 +412,6 @@ def test_without_the_cpu_device_plugin_a_mooncake_connector_prefill_dies_at_star
     assert "torch.accelerator.current_device_index()" in log and "Found no NVIDIA driver" in log
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-@pytest.mark.parametrize("case", list(CASES))
-def test_the_proxy_answers_as_the_baseline_and_the_decode_computes_no_prompt_token(
-    epd: LocalEPD, baseline: VllmInstance, case: str, stream: bool
-) -> None:
-    delta = serve_case(epd, baseline, case, stream, "E+P+D")
-    assert_the_decode_computed_no_prompt_token(delta, case)
-
-
 def test_a_fresh_prompt_lands_in_the_store_under_the_deployments_prefix(epd: LocalEPD) -> None:
     """The prefill's MooncakeStoreConnector writes every full block of a new prompt to the store (asynchronously,
     after it answers); the master lists them, every key under the deployment's derived KV prefix."""
@@ -434,3 +435,92 @@ def test_the_cpu_workarounds_were_applied_where_they_are_needed(epd: LocalEPD) -
             assert re.search(r"AMX tile permission for pid \d+ granted \(", log), log[-3000:]
     assert "epd ec_idle_load: vLLM" in prefill
     assert "Traceback" not in prefill + decode, "a vLLM role logged a traceback"
+
+
+RECOVER_S = 60.0
+"""How long the store client may take to mount its segment on the restarted master (measured: about 1 s)."""
+PUT_FAILED = "batch_put failed"
+"""The prefill worker's warning when MooncakeStoreConnector could not store a request's blocks."""
+MASTER_UNREACHABLE = "-900"
+
+
+def fresh_prompt_lands_in_the_store(epd: LocalEPD, baseline: VllmInstance, seed: int, label: str) -> set[str]:
+    """A new image and question through the proxy: equal to the baseline, no prompt token computed on the decode,
+    and new keys under the KV prefix in the store (returned)."""
+    keys_before = epd.store_keys()
+    assert_served_like_the_baseline(epd, baseline, seed, label)
+    return new_store_keys(epd, keys_before)
+
+
+def assert_served_like_the_baseline(epd: LocalEPD, baseline: VllmInstance, seed: int, label: str) -> float:
+    body = chat([image(seed), text(f"What do you see? ({label})")])
+    expected = tokens(baseline.post("/v1/chat/completions", body))
+    before = DecodeCounts.read(epd)
+    begun = time.monotonic()
+    got = ask(epd.plan.endpoint, body)
+    took = time.monotonic() - begun
+    TIMINGS.add(f"master restart: request {label}", took)
+    assert got == expected, f"{label}: the deployment answered {got}, the baseline {expected}"
+    assert_the_decode_computed_no_prompt_token(decode_counts_after(epd, before, 1), label)
+    return took
+
+
+def wait_for_any_key(epd: LocalEPD, wanted: set[str]) -> set[str]:
+    """The keys of `wanted` the store lists, once it lists one (the prefill writes asynchronously)."""
+    deadline = time.monotonic() + SETTLE_S
+    while not (found := epd.store_keys() & wanted):
+        assert time.monotonic() < deadline, f"none of {sorted(wanted)} was written to the store again"
+        time.sleep(0.2)
+    return found
+
+
+def wait_for_log(epd: LocalEPD, role: Role, *needles: str) -> str:
+    """The first line of the role's log holding every needle (the workers log asynchronously)."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        for line in epd.log(role).splitlines():
+            if all(needle in line for needle in needles):
+                return line
+        assert time.monotonic() < deadline, f"{role.value} never logged a line with {needles}"
+        time.sleep(0.5)
+
+
+def test_the_deployment_serves_through_a_master_restart_and_uses_the_store_again(
+    epd: LocalEPD, baseline: VllmInstance
+) -> None:
+    master = epd.instance(Role.MASTER)
+    client = epd.instance(Role.STORE_CLIENT)
+    assert master.bundle.master is not None and client.bundle.store_client is not None
+    segment = client.bundle.store_client.global_segment_size
+    others = {run.name: run.popen.pid for run in epd.local.running if run.name != master.name}
+
+    stored = fresh_prompt_lands_in_the_store(epd, baseline, 40, "before the outage")
+    # An image asked only before the outage: nothing puts its blocks again until it is asked after the restart.
+    lost = fresh_prompt_lands_in_the_store(epd, baseline, 43, "before the outage, not asked during it")
+    before_outage = epd.store_keys()
+    assert stored <= before_outage and lost <= before_outage
+
+    dead = epd.local.get(master.name)
+    epd.local.kill(master.name)
+    assert not dead.alive()
+    assert_served_like_the_baseline(epd, baseline, 41, "while the master is down")
+    assert "RPC call failed" in epd.log(Role.STORE_CLIENT), "the store client did not notice the master was gone"
+    wait_for_log(epd, Role.PREFILL, PUT_FAILED, MASTER_UNREACHABLE)
+    assert_served_like_the_baseline(epd, baseline, 40, "an earlier image, while the master is down")
+
+    began = time.monotonic()
+    restarted = epd.local.restart(master.name)
+    assert restarted.alive() and restarted.popen.pid != dead.popen.pid, "the master was not started anew"
+    metrics = master.bundle.master.metrics_url(LOOPBACK)
+    assert store_probe.wait_for_capacity(metrics, at_least=segment, timeout_s=RECOVER_S) == segment
+    TIMINGS.add("master restart: restart until the pool is mounted again", time.monotonic() - began)
+    # Every key of before the outage is lost; only the image asked again during it (its store job may still be
+    # waiting out -900 when the master is back) can have been put again since.
+    survived = epd.store_keys() & (before_outage - stored)
+    assert not survived, f"keys survived the master restart (it keeps none without HA): {sorted(survived)}"
+
+    fresh_prompt_lands_in_the_store(epd, baseline, 42, "after the restart")
+    assert_served_like_the_baseline(epd, baseline, 43, "an earlier image, after the restart")
+    wait_for_any_key(epd, lost)  # the restart lost its blocks; the prefill stores them again
+    assert {run.name: run.popen.pid for run in epd.local.running if run.name != master.name} == others
+    assert not epd.local.failed(), "a role died during the outage"

@@ -18,11 +18,24 @@ loaded its blocks or recomputed them is tallied, and a check after the cases ass
 that ran loaded them (skipped, saying so, when no case ran); a fresh prompt must load them too (up to three fresh
 prompts, each a real attempt).
 
+On one host the prefill's and the decode's MooncakeStoreConnector lookup servers each have a socket of their own.
+vLLM's store worker (rank 0) serves the scheduler's prefix lookups on
+ipc://<VLLM_RPC_BASE_PATH>/lookup_rpc_port_<lookup_rpc_port>_host_<hostname>_dp_rank<r> (store/worker.py,
+get_zmq_rpc_path_lookup, the same in 0.32 and 0.33; VLLM_RPC_BASE_PATH defaults to the temp dir), unlinking
+whatever is there before it binds. Two instances of one host with the operator's lookup_rpc_port 0 thus get one
+path, and the second to start takes the first one's lookups over. The local runner gives each vLLM instance its
+own VLLM_RPC_BASE_PATH (local.plan.rpc_dir): the path each instance's engine builds, computed as vLLM does from
+that process's own environment and hostname, differs between the two; each path is a listening unix socket held
+by a process of that instance; and a lookup sent through each (vLLM's own wire format, from the e2e venv) gets an
+answer. Every port the plan gives them is bound to loopback.
 Instances: the session's baseline and this module's deployment, stopped when the module ends.
 """
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +44,8 @@ import pytest
 
 from epd_connectors.config.kv_transfer import MooncakeConnectorConfig, connectors_of
 from epd_connectors.config.roles import Role
+from epd_operator.local.plan import POD_IP
+from epd_operator.local.processes import LocalDeployment, Running
 from tests.e2e.conftest import VllmInstance
 from tests.e2e.test_local_e_p_d import (
     CASES,
@@ -47,6 +62,7 @@ from tests.e2e.test_local_e_p_d import (
     serve_case,
     text,
 )
+from tests.sockets import group_pids, tcp_listeners, unix_listeners
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
@@ -72,6 +88,23 @@ def epd(
 
 
 FRESH_ATTEMPTS = 3
+
+LOOKUP_TIMEOUT_MS = 30_000
+
+LOOKUP_CLIENT = """
+import sys
+import zmq
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.protocol import LOOKUP_MSG, decode_lookup_response
+
+sock = zmq.Context().socket(zmq.REQ)
+sock.setsockopt(zmq.RCVTIMEO, int(sys.argv[2]))
+sock.setsockopt(zmq.LINGER, 0)
+sock.connect("ipc://" + sys.argv[1])
+hashes = bytes(range(64))  # two 32-byte block hashes no prompt has
+sock.send_multipart([LOOKUP_MSG, (64).to_bytes(4, "big"), (32).to_bytes(2, "big"), hashes])
+print("hit_length", decode_lookup_response(sock.recv()).hit_length)
+"""
+"""A lookup as vLLM's LookupKeyClient sends it (protocol.py gives the tag and reads the answer)."""
 
 
 def loaded_every_full_block(delta: DecodeCounts, requests: int, label: str) -> bool:
@@ -118,6 +151,59 @@ def test_a_fresh_prompt_reaches_the_decode_through_the_store(epd: LocalEPD) -> N
             return
         misses.append(delta)
     pytest.fail(f"{FRESH_ATTEMPTS} fresh prompts, and the decode loaded none from the store: {misses}")
+
+
+def environment(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+def lookup_path(run: Running) -> tuple[str, set[int]]:
+    """The lookup socket path this instance's engine builds (vLLM's rule, from its own environment), and the
+    instance's processes."""
+    pids = group_pids(run.popen.pid)
+    env = environment(run.popen.pid)
+    base = env.get("VLLM_RPC_BASE_PATH") or env.get("TMPDIR") or tempfile.gettempdir()
+    return f"{base}/lookup_rpc_port_0_host_{socket.gethostname()}_dp_rank0", pids
+
+
+def by_role(local: LocalDeployment, role: Role) -> Running:
+    return next(r for r in local.running if r.instance.role is role)
+
+
+def test_the_prefill_and_the_decode_each_serve_lookups_on_a_socket_of_their_own(
+    epd: LocalEPD, e2e_python: Path
+) -> None:
+    local = epd.local
+    prefill, decode = by_role(local, Role.PREFILL), by_role(local, Role.DECODE)
+    (prefill_path, prefill_pids), (decode_path, decode_pids) = lookup_path(prefill), lookup_path(decode)
+    assert prefill_path != decode_path, f"one lookup socket for both instances: {prefill_path}"
+    listening = unix_listeners(prefill_pids | decode_pids)
+    for run, path, pids in ((prefill, prefill_path, prefill_pids), (decode, decode_path, decode_pids)):
+        assert path in listening, f"{run.name}: nothing of it listens on {path}; its sockets: {listening}"
+        assert listening[path] in pids, f"{run.name}: {path} is held by pid {listening[path]}, not by {pids}"
+        answer = subprocess.run(
+            [str(e2e_python), "-c", LOOKUP_CLIENT, path, str(LOOKUP_TIMEOUT_MS)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert answer.returncode == 0, f"{run.name}: the lookup through {path} failed:\n{answer.stderr[-2000:]}"
+        assert answer.stdout.split() == ["hit_length", "0"], f"{run.name}: {answer.stdout!r}"
+    assert prefill.alive() and decode.alive()
+
+
+def test_no_planned_port_of_a_vllm_role_listens_beyond_loopback(epd: LocalEPD) -> None:
+    """Every port the plan gives the prefill and the decode (HTTP, EC control, bootstrap) that is listened on
+    is bound to loopback; what else they listen on is Mooncake's transfer engine (every interface, no flag)."""
+    for role in (Role.PREFILL, Role.DECODE):
+        run = by_role(epd.local, role)
+        listeners = tcp_listeners(group_pids(run.popen.pid))
+        planned = set(run.instance.ports.values())
+        assert (POD_IP, run.instance.ports["http"]) in {(lst.address, lst.port) for lst in listeners}, listeners
+        beyond = [lst for lst in listeners if lst.port in planned and lst.address != POD_IP]
+        assert not beyond, f"{run.name}: planned ports beyond loopback: {beyond}"
 
 
 def test_no_vllm_role_logged_a_traceback(epd: LocalEPD) -> None:

@@ -1,5 +1,7 @@
-"""E+PD with ECExampleConnector over a shared folder: one encoder and its PD consumer, shared by the modules of
-this folder and stopped when the last of them is done (so the next folder's instances never overlap them)."""
+"""E+PD with ECExampleConnector over a shared folder: examples/local-e-pd.yaml run by the local runner (the
+operator's own render on a loopback site, every role started by `epd-launch`: what `make demo-local` runs), its
+encoder, its PD consumer and its proxy shared by the modules of this folder and stopped when the last of them is
+done (so the next folder's instances never overlap them)."""
 
 from __future__ import annotations
 
@@ -10,49 +12,69 @@ from pathlib import Path
 
 import pytest
 
-from epd_connectors.config.ec_transfer import ECExampleConnectorConfig
-from tests.e2e.conftest import TIMINGS, Launcher, VllmInstance, tiny_server, vllm_bundle
+from epd_connectors.config.roles import Role
+from epd_operator.local import processes, profile
+from epd_operator.local.processes import Running
+from tests.e2e.conftest import REPO, TIMINGS, Launcher, VllmInstance, progress
+
+EXAMPLE = REPO / "examples" / "local-e-pd.yaml"
 
 
 @dataclass
 class Fleet:
-    """The session's baseline, and an encoder with its PD consumer (ECExampleConnector over a shared folder)."""
+    """The session's baseline, and the example's encoder with its PD consumer (ECExampleConnector over a shared
+    folder) and its proxy."""
 
     baseline: VllmInstance
     encoder: VllmInstance
     pd: VllmInstance
     ec_folder: Path
+    endpoint: str
+    """The example's own proxy."""
+
+
+def fleet_dir(launcher: Launcher) -> Path:
+    """The example's work folder; its EC folder is shared/ec in it (known before it starts: the spares share it)."""
+    return launcher.workdir / "local-e-pd"
+
+
+def fleet_ec_folder(launcher: Launcher) -> Path:
+    return fleet_dir(launcher) / "shared" / "ec"
+
+
+def as_instance(run: Running) -> VllmInstance:
+    """A role the runner started, as the tier's other instances are read (it stays the runner's to stop)."""
+    return VllmInstance(run.name, run.instance.bundle, run.popen, run.log, run.started, run.watch, ready=True)
 
 
 @pytest.fixture(scope="package")
-def fleet(launcher: Launcher, baseline_started: VllmInstance, tiny_model: Path) -> Iterator[Fleet]:
-    """Start the encoder and the PD at once (with the session's baseline when this folder runs first: about 60 s
-    for the three on 2 idle cores); stop both when the folder is done."""
-    ec_folder = launcher.workdir / "ec-shared"
-    ec_folder.mkdir(exist_ok=True)
+def fleet(
+    request: pytest.FixtureRequest, launcher: Launcher, baseline_started: VllmInstance, tiny_model: Path
+) -> Iterator[Fleet]:
+    """The example started by the local runner together with the session's baseline (about 60 s for the three on
+    2 idle cores when this folder runs first); stopped when the folder is done."""
+    say = progress(request.config)
+    workdir = fleet_dir(launcher)
+    workdir.mkdir(parents=True, exist_ok=True)
+    plan = processes.plan_on_free_ports(EXAMPLE, workdir, tiny_model, profile.CPU)
+    assert [i.role.value for i in plan.instances] == ["encoder", "pd", "proxy"]
     started = time.monotonic()
-    shared = {"shared_storage_path": str(ec_folder)}
-    encoder = launcher.start(
-        "encoder",
-        vllm_bundle(
-            "encoder",
-            tiny_server(tiny_model, "encoder"),
-            ECExampleConnectorConfig(ec_role="ec_producer", ec_connector_extra_config=shared),
-        ),
-    )
-    # The PD also takes image items rewritten to image_embeds (grid) + uuid (mm hash): as an EC consumer its
-    # VllmServerConfig renders --enable-mm-embeds itself.
-    pd = launcher.start(
-        "pd",
-        vllm_bundle(
-            "pd",
-            tiny_server(tiny_model, "pd"),
-            ECExampleConnectorConfig(ec_role="ec_consumer", ec_connector_extra_config=shared),
-        ),
-    )
-    try:
-        launcher.wait_healthy([baseline_started, encoder, pd])
-        TIMINGS.add("ec_example: encoder and PD healthy (wall)", time.monotonic() - started)
-        yield Fleet(baseline=baseline_started, encoder=encoder, pd=pd, ec_folder=ec_folder)
-    finally:
-        launcher.stop_each([encoder, pd])
+    with processes.deployment(plan, workdir, launcher.python, say=lambda line: say(f"local-e-pd: {line}")) as local:
+        launcher.wait_healthy([baseline_started])
+        TIMINGS.add("ec_example: the local runner's E+PD and proxy ready (wall)", time.monotonic() - started)
+        roles = {run.instance.role: run for run in local.running}
+        ec_folder = fleet_ec_folder(launcher)
+        try:
+            yield Fleet(
+                baseline=baseline_started,
+                encoder=as_instance(roles[Role.ENCODER]),
+                pd=as_instance(roles[Role.PD]),
+                ec_folder=ec_folder,
+                endpoint=plan.endpoint,
+            )
+            assert not local.failed(), f"a role of the example died: {local.failed()}"
+        finally:
+            if request.session.testsfailed:
+                for run in local.running:
+                    say(f"--- {run.name} log tail ({run.log}) ---\n{run.tail(30)}")
+    assert not local.running

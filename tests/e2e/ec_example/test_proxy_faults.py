@@ -39,7 +39,7 @@ from tests.e2e.conftest import (
     tiny_server,
     vllm_bundle,
 )
-from tests.e2e.ec_example.conftest import Fleet
+from tests.e2e.ec_example.conftest import Fleet, fleet_ec_folder
 from tests.e2e.ec_example.test_proxy_flow import (
     Output,
     baseline,
@@ -75,8 +75,8 @@ def spares(request: pytest.FixtureRequest, launcher: Launcher, tiny_model: Path)
     """A second encoder (an EC producer on the fleet's shared folder) and a plain PD, started before the fleet is
     asked for, so that all start at once when this module runs first; stopped at the module's end."""
     started = time.monotonic()
-    # The fleet's EC folder (conftest: launcher.workdir / "ec-shared"); vLLM creates it on its first write.
-    ec_folder = launcher.workdir / "ec-shared"
+    # The fleet's EC folder, known before it starts; vLLM creates it on its first write.
+    ec_folder = fleet_ec_folder(launcher)
     producer = ECExampleConnectorConfig(
         ec_role="ec_producer", ec_connector_extra_config={"shared_storage_path": str(ec_folder)}
     )

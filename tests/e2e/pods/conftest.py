@@ -201,9 +201,17 @@ def tiny_model_for_pods(tiny_model: pathlib.Path) -> pathlib.Path:
     return tiny_model
 
 
+@dataclass
+class Applied:
+    """An example applied to the cluster and not yet waited for."""
+
+    epd: RealEPD
+    label: str
+    began: float
+
+
 @contextlib.contextmanager
-def deployed(
-    request: pytest.FixtureRequest,
+def applied(
     real: RealCluster,
     example: pathlib.Path,
     tiny_model: pathlib.Path,
@@ -213,10 +221,9 @@ def deployed(
     max_surge: int = 0,
     transfer_check: dict[str, Any] | None = None,
     master_ha: dict[str, Any] | None = None,
-) -> Iterator[RealEPD]:
-    """The example applied with realdeploy's changes, Ready, its proxy forwarded; deleted at the end, and gone
-    (every child and container) before the next one starts."""
-    say = progress(request.config)
+) -> Iterator[Applied]:
+    """The example applied with realdeploy's changes; deleted at the end, and gone (every child and container)
+    before the next one starts."""
     shared = workdir / "shared"
     shared.mkdir(parents=True, exist_ok=True)
     os.chown(shared, RUN_AS_USER, RUN_AS_USER)
@@ -229,20 +236,71 @@ def deployed(
     kubectl.apply(json.dumps(manifest))
     epd = RealEPD(kubectl, owner.name, owner.namespace)
     try:
-        eventually(lambda: is_ready(epd.get()), f"{label} Ready on the real node", READY_TIMEOUT_S, poll_s=2)
-        TIMINGS.add(f"{label} on real pods: applied to Ready", time.monotonic() - began)
-        say(f"{label}: Ready on real pods in {time.monotonic() - began:.0f} s")
-        with epd.forwards:
-            epd.endpoint = epd.url(Role.PROXY)
-            yield epd
-            if request.session.testsfailed:
-                for pod in epd.pods():
-                    name = pod["metadata"]["name"]
-                    tail = kubectl.run("logs", "-n", epd.namespace, name, "--tail=30", check=False)
-                    say(f"--- pod {name} log tail ---\n{tail}")
+        yield Applied(epd, label, began)
     finally:
         kubectl.run("delete", c.PLURAL, "-n", owner.namespace, owner.name, "--wait=true", "--timeout=120s", check=False)
         eventually(lambda: not epd.pods(), f"every pod of {label} gone", 180, poll_s=2)
+
+
+@contextlib.contextmanager
+def ready(request: pytest.FixtureRequest, it: Applied) -> Iterator[RealEPD]:
+    """The applied example once Ready, its proxy forwarded; the tail of every pod's log when a test failed."""
+    say = progress(request.config)
+    epd = it.epd
+    eventually(lambda: is_ready(epd.get()), f"{it.label} Ready on the real node", READY_TIMEOUT_S, poll_s=2)
+    TIMINGS.add(f"{it.label} on real pods: applied to Ready", time.monotonic() - it.began)
+    say(f"{it.label}: Ready on real pods in {time.monotonic() - it.began:.0f} s")
+    with epd.forwards:
+        epd.endpoint = epd.url(Role.PROXY)
+        yield epd
+        if request.session.testsfailed:
+            for pod in epd.pods():
+                name = pod["metadata"]["name"]
+                tail = epd.kubectl.run("logs", "-n", epd.namespace, name, "--tail=30", check=False)
+                say(f"--- pod {name} log tail ---\n{tail}")
+
+
+E_P_D_EXAMPLE = REPO / "examples" / "local-e-p-d.yaml"
+E_P_D_CANARIES = {"timeoutSeconds": 10}
+"""spec.proxy.transferCheck of the E+P+D: a canary gives up after 10 s (30 by default), so a broken path shows
+sooner; the interval stays 60 s, so few canaries land among the decode counters the first tests read."""
+
+
+@pytest.fixture(scope="package")
+def e_p_d_applied(
+    real_cluster: RealCluster, bridge_etcd: str, tiny_model: pathlib.Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Applied]:
+    """The E+P+D that test_e_p_d.py takes through its lifecycle, applied as the package starts: test_e_pd.py asks
+    for it first, so its pods load together with the E+PD's (on 2 cores five vLLM pods loading at once are all
+    Ready sooner than two and then three) and it is Ready by the time the E+PD is done. HA masters through the
+    bridge's etcd; the model roles roll with maxSurge 1 (with the default of replacing one pod at a time, a role
+    of one replica is down while its new pod loads)."""
+    with applied(
+        real_cluster,
+        E_P_D_EXAMPLE,
+        tiny_model,
+        tmp_path_factory.mktemp("e-p-d"),
+        label="E+P+D",
+        max_surge=1,
+        transfer_check=E_P_D_CANARIES,
+        master_ha={"replicas": 2, "etcdEndpoints": [bridge_etcd]},
+    ) as it:
+        yield it
+
+
+MODULE_ORDER = ("test_e_pd.py", "test_e_p_d.py", "test_real_node.py")
+"""The E+PD first: its tests run while the E+P+D's pods, applied with it, load."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = pathlib.Path(__file__).parent
+    slots = [i for i, item in enumerate(items) if item.path.parent == here]
+    ordered = sorted(
+        (items[i] for i in slots),
+        key=lambda item: MODULE_ORDER.index(item.path.name) if item.path.name in MODULE_ORDER else len(MODULE_ORDER),
+    )
+    for slot, item in zip(slots, ordered, strict=True):
+        items[slot] = item
 
 
 def is_ready(obj: dict[str, Any]) -> bool:

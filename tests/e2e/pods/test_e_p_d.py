@@ -34,13 +34,14 @@ import pytest
 from epd_connectors.config.roles import Role
 from epd_operator.api import constants as c
 from epd_testenv import nodehost
-from tests.e2e.conftest import REPO, SETUP_HINT, TIMINGS, VllmInstance
+from tests.e2e.conftest import SETUP_HINT, TIMINGS, VllmInstance
 from tests.e2e.pods.conftest import (
+    Applied,
     RealCluster,
     RealEPD,
-    deployed,
     get_text,
     is_ready,
+    ready,
     tiny_model_for_pods,
     workload,
 )
@@ -63,7 +64,6 @@ from tests.tiny_model import build as tiny_model_build
 
 pytestmark = [pytest.mark.e2e, pytest.mark.pods, pytest.mark.timeout(2400)]
 
-EXAMPLE = REPO / "examples" / "local-e-p-d.yaml"
 LOAD: list[list[dict[str, Any]] | str] = [
     [image(31), text("What is this?")],
     "Say something.",
@@ -76,9 +76,6 @@ OTHER_SEED = 2
 STORE_BACK_S = 300.0
 LEADER_S = 300.0
 """A master's lease (5 s) lapses, a candidate wins and warms up (5 s), the operator reads it (every 15 s)."""
-CANARIES = {"timeoutSeconds": 10}
-"""spec.proxy.transferCheck: a canary gives up after 10 s (30 by default), so a broken path shows sooner; the
-interval stays 60 s, so few canaries land among the decode counters the first tests read (serve_case)."""
 TRANSFER_S = 240.0
 """How long a path's break or repair may take to show in TransferReady: two failed canaries (10 s each, 5 s
 apart) after at most one interval (60 s), or one passing canary after the backoff, and the operator's next
@@ -86,25 +83,8 @@ reading (10 s)."""
 
 
 @pytest.fixture(scope="module")
-def epd(
-    request: pytest.FixtureRequest,
-    real_cluster: RealCluster,
-    bridge_etcd: str,
-    tiny_model: Path,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[RealEPD]:
-    workdir = tmp_path_factory.mktemp("e-p-d")
-    with deployed(
-        request,
-        real_cluster,
-        EXAMPLE,
-        tiny_model,
-        workdir,
-        label="E+P+D",
-        max_surge=1,
-        transfer_check=CANARIES,
-        master_ha={"replicas": 2, "etcdEndpoints": [bridge_etcd]},
-    ) as it:
+def epd(request: pytest.FixtureRequest, e_p_d_applied: Applied) -> Iterator[RealEPD]:
+    with ready(request, e_p_d_applied) as it:
         ask(it.endpoint, chat("Warm up the transfer engines, please."))
         yield it
 
@@ -133,6 +113,10 @@ class Load:
             self.sent += 1
             try:
                 got = ask(self.epd.endpoint, chat(content))
+            except urllib.error.HTTPError as error:  # the proxy's answer: its body names the stage and instance
+                self.failed.append(f"{time.strftime('%H:%M:%S')} {error}: {error.read()[:500]!r}")
+                time.sleep(0.5)
+                continue
             except (urllib.error.URLError, OSError, json.JSONDecodeError) as error:
                 self.failed.append(f"{time.strftime('%H:%M:%S')} {error}")
                 time.sleep(0.5)
@@ -242,7 +226,7 @@ def test_the_encoders_scale_to_two_under_load_and_the_proxy_follows(epd: RealEPD
     eventually(lambda: settled(epd), "the deployment Ready with 2 encoders", ROLL_TIMEOUT_S)
     time.sleep(5)
     load.stop()
-    TIMINGS.add(f"real pods: scale-out under load: {load.sent} requests, failed", float(len(load.failed)))
+    TIMINGS.count(f"real pods: scale-out under load: failed of {load.sent} requests", len(load.failed))
     assert not load.failed and not load.wrong, (load.failed, load.wrong)
     assert len([p for p in epd.pods() if p["metadata"]["labels"][c.LABEL_COMPONENT] == "encoder"]) == 2
 
@@ -289,7 +273,7 @@ def test_an_encoder_that_cannot_reach_the_prefill_is_routed_around_until_the_pat
     TIMINGS.add("real pods: the EC path repaired, until TransferReady is True", time.monotonic() - repaired)
     eventually(lambda: is_ready(epd.get()), "Ready again", 60)
     transfers = epd.get()["status"]["transfers"]
-    TIMINGS.add("real pods: slowest canary of a working path (ms)", float(transfers["slowestMs"]))
+    TIMINGS.milliseconds("real pods: slowest canary of a working path", float(transfers["slowestMs"]))
     assert transfers["failing"] == [] and transfers["proven"] == transfers["pairs"] >= 3, transfers
     before = _served_by(epd, cut_url)
     for seed in range(48, 64):
@@ -350,7 +334,7 @@ def test_a_deleted_decode_pod_is_replaced_and_traffic_recovers(epd: RealEPD, loa
     TIMINGS.add("real pods: decode pod deleted -> requests succeed again", time.monotonic() - began)
     epd.forget(Role.DECODE)
     load.stop()
-    TIMINGS.add(f"real pods: decode pod deleted: {load.sent} requests, failed", float(len(load.failed)))
+    TIMINGS.count(f"real pods: decode pod deleted: failed of {load.sent} requests", len(load.failed))
     TIMINGS.add("real pods: decode pod deleted: longest gap between answers", load.outage_s)
     assert not load.wrong, load.wrong
 
@@ -379,10 +363,7 @@ def test_the_leading_masters_pod_deleted_under_load_another_master_leads_and_req
         f"the deployment Ready, {new_leader} the one Ready master and one standby beside it",
         ROLL_TIMEOUT_S,
     )
-    TIMINGS.add(
-        "real pods: leading master deleted -> the standby leads (1) or the replacement does (0)",
-        float(serving(standby)),
-    )
+    TIMINGS.count("real pods: leading master deleted -> the standby leads (1) or the replacement (0)", serving(standby))
     TIMINGS.add("real pods: leading master deleted -> deployment Ready again", time.monotonic() - began)
     epd.forget(Role.MASTER)
     # The new leader starts empty (no oplog); the store client and the vLLM ranks follow the election by
@@ -397,7 +378,7 @@ def test_the_leading_masters_pod_deleted_under_load_another_master_leads_and_req
     eventually(a_fresh_prompt_lands, "the new leader's store to take keys", STORE_BACK_S, poll_s=2)
     TIMINGS.add("real pods: leading master deleted -> the store takes keys again", time.monotonic() - began)
     load.stop()
-    TIMINGS.add(f"real pods: leading master deleted: {load.sent} requests, failed", float(len(load.failed)))
+    TIMINGS.count(f"real pods: leading master deleted: failed of {load.sent} requests", len(load.failed))
     TIMINGS.add("real pods: leading master deleted: longest gap between answers", load.outage_s)
     assert not load.failed and not load.wrong, (load.failed, load.wrong)
 
@@ -436,9 +417,9 @@ def test_a_new_model_takes_over_as_a_whole_set_and_no_answer_mixes_the_two_model
         epd.forget(role)
     by_model = [(load.expected[i], answers[i]) for i in range(len(LOAD))]
     mixed = [(i, got) for i, got in load.answers if got not in by_model[i]]
-    TIMINGS.add(f"real pods: two-model roll under load: {load.sent} requests, failed", float(len(load.failed)))
-    TIMINGS.add("real pods: two-model roll under load: answers matching neither model", float(len(mixed)))
-    TIMINGS.add("real pods: two-model roll under load: answers by the second model", float(by_the_second_model()))
+    TIMINGS.count(f"real pods: two-model roll under load: failed of {load.sent} requests", len(load.failed))
+    TIMINGS.count("real pods: two-model roll under load: answers matching neither model", len(mixed))
+    TIMINGS.count("real pods: two-model roll under load: answers by the second model", by_the_second_model())
     TIMINGS.add("real pods: two-model roll under load: longest gap between answers", load.outage_s)
     assert not load.failed and not mixed, (load.failed, mixed)
     assert by_the_second_model() < len(load.answers), "both models answered while the load ran"

@@ -18,9 +18,10 @@ import pytest
 from openai.types.chat import ChatCompletionChunk
 
 from epd_connectors.config.roles import Role
+from epd_connectors.vllm_plugins import cpu_amx_tiles
 from epd_testenv import realnode
 from tests.e2e.conftest import REPO, SERVED_MODEL, TIMINGS, VllmInstance
-from tests.e2e.pods.conftest import RealCluster, RealEPD, deployed
+from tests.e2e.pods.conftest import Applied, RealCluster, RealEPD, applied, ready
 from tests.e2e.pods.kube import condition
 from tests.e2e.test_local_e_p_d import CASES, MAX_TOKENS, ask, chat, image, text, tokens, total
 from tests.unit.packaging.image_list import cpu_tags, tags
@@ -36,11 +37,14 @@ ROLES = {Role.ENCODER: cpu_tags()["vllm"], Role.PD: cpu_tags()["vllm"], Role.PRO
 def epd(
     request: pytest.FixtureRequest,
     real_cluster: RealCluster,
+    e_p_d_applied: Applied,
     tiny_model: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[RealEPD]:
-    with deployed(request, real_cluster, EXAMPLE, tiny_model, tmp_path_factory.mktemp("e-pd"), label="E+PD") as it:
-        yield it
+    """The E+PD, applied just after the E+P+D of test_e_p_d.py (e_p_d_applied), so all their pods load at once."""
+    workdir = tmp_path_factory.mktemp("e-pd")
+    with applied(real_cluster, EXAMPLE, tiny_model, workdir, label="E+PD") as it, ready(request, it) as epd:
+        yield epd
 
 
 def timestamp(value: str) -> datetime:
@@ -64,6 +68,7 @@ def test_every_role_is_a_ready_container_started_by_epd_launch_from_its_bundle(e
         ready_at.append(timestamp(ready["lastTransitionTime"]))
         log = epd.log(role)
         assert f"epd-launch[{role.value}]: exec" in log, log[-2000:]
+    assert cpu_amx_tiles.isa_choices(epd.log(Role.PD)), "the PD logged no attention ISA"
     epd_ready = condition(epd.get(), "Ready")
     assert epd_ready is not None
     assert timestamp(epd_ready["lastTransitionTime"]) >= max(ready_at), "Ready before every pod's probe passed"

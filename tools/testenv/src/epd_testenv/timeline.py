@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 ENV = "EPD_TIMELINE"
 """The stages file of the run in progress."""
+PARENT_ENV = "EPD_TIMELINE_PARENT"
+"""The stage a process runs inside (set for a stage's command): its own steps are listed under it."""
 SLOWEST = 25
 
 
@@ -34,6 +36,7 @@ class Stage:
     start: float
     end: float
     rc: int = 0
+    parent: str = ""
 
     @property
     def wall_s(self) -> float:
@@ -53,7 +56,9 @@ def record(name: str, start: float, end: float | None = None, rc: int = 0) -> No
     path = os.environ.get(ENV)
     if not path:
         return
-    line = json.dumps({"name": name, "start": start, "end": time.time() if end is None else end, "rc": rc})
+    finished = time.time() if end is None else end
+    parent = os.environ.get(PARENT_ENV, "")
+    line = json.dumps({"name": name, "start": start, "end": finished, "rc": rc, "parent": parent})
     with open(path, "a", encoding="utf-8") as out:  # one short write: concurrent stages do not interleave
         out.write(line + "\n")
 
@@ -62,10 +67,16 @@ def record(name: str, start: float, end: float | None = None, rc: int = 0) -> No
 def stage(name: str) -> Iterator[None]:
     """Record the block as a stage, failed (rc 1) when it raises."""
     start, rc = time.time(), 1
+    outer = os.environ.get(PARENT_ENV)
+    os.environ[PARENT_ENV] = name
     try:
         yield
         rc = 0
     finally:
+        if outer is None:
+            os.environ.pop(PARENT_ENV, None)
+        else:
+            os.environ[PARENT_ENV] = outer
         record(name, start, rc=rc)
 
 
@@ -74,7 +85,15 @@ def load(path: pathlib.Path) -> list[Stage]:
     for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
         with contextlib.suppress(ValueError, KeyError, TypeError):
             raw = json.loads(line)
-            stages.append(Stage(str(raw["name"]), float(raw["start"]), float(raw["end"]), int(raw.get("rc", 0))))
+            stages.append(
+                Stage(
+                    str(raw["name"]),
+                    float(raw["start"]),
+                    float(raw["end"]),
+                    int(raw.get("rc", 0)),
+                    str(raw.get("parent", "")),
+                )
+            )
     return sorted(stages, key=lambda s: s.start)
 
 
@@ -118,15 +137,18 @@ def machine() -> str:
 
 
 def report(stages: list[Stage], tests: list[TestTime], *, started: float, ended: float, rc: int) -> str:
-    """The timeline: each stage from the run's start (nested ones, recorded by a stage's own steps, indented),
+    """The timeline: each stage from the run's start (a stage's own steps indented under it; stages that ran
+    beside each other start before the other ends),
     the slowest tests, the total."""
     lines = [
         f"make test timeline: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, {machine()}",
         f"{'from':>7} {'wall':>12}  stage",
     ]
+    parents = {s.name: s.parent for s in stages}
     for current in stages:
-        depth = sum(1 for s in stages if s is not current and s.start <= current.start and current.end <= s.end
-                    and s.wall_s > current.wall_s)  # fmt: skip
+        depth, above = 0, current.parent
+        while above and depth < len(stages):
+            depth, above = depth + 1, parents.get(above, "")
         failed = "  FAILED" if current.rc else ""
         lines.append(
             f"{clock(current.start - started):>7} {duration(current.wall_s):>12}  {'  ' * depth}{current.name}{failed}"
@@ -149,7 +171,7 @@ def _begin(folder: pathlib.Path) -> None:
 def _stage(folder: pathlib.Path, name: str, argv: list[str]) -> int:
     os.environ.setdefault(ENV, str(folder / "stages.jsonl"))
     start = time.time()
-    rc = subprocess.call(argv)
+    rc = subprocess.call(argv, env={**os.environ, PARENT_ENV: name})
     record(name, start, rc=rc)
     return rc
 

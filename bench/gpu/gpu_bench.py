@@ -604,6 +604,25 @@ def bench(
     return figures
 
 
+ONE_IMAGE_ARGS = (
+    "--dataset-name",
+    "random-mm",
+    "--random-input-len",
+    "128",
+    "--random-output-len",
+    "128",
+    "--random-mm-base-items-per-request",
+    "1",
+    "--random-mm-num-mm-items-range-ratio",
+    "0",
+    "--random-mm-limit-mm-per-prompt",
+    '{"image": 1, "video": 0}',
+    "--random-mm-bucket-config",
+    "{(448, 448, 1): 1.0}",
+)
+"""`vllm bench serve`'s traffic of one 448x448 image and 128 text tokens in, 128 out (both image workloads)."""
+
+
 WORKLOADS: list[dict[str, Any]] = [
     {
         "name": "text, 1024 in / 128 out, 64 requests, 16 in flight",
@@ -625,20 +644,7 @@ WORKLOADS: list[dict[str, Any]] = [
         "name": "one 448x448 image (256 image tokens) + 128 text tokens in / 128 out, 64 requests, 16 in flight",
         "key": "image-c16",
         "args": [
-            "--dataset-name",
-            "random-mm",
-            "--random-input-len",
-            "128",
-            "--random-output-len",
-            "128",
-            "--random-mm-base-items-per-request",
-            "1",
-            "--random-mm-num-mm-items-range-ratio",
-            "0",
-            "--random-mm-limit-mm-per-prompt",
-            '{"image": 1, "video": 0}',
-            "--random-mm-bucket-config",
-            "{(448, 448, 1): 1.0}",
+            *ONE_IMAGE_ARGS,
             "--num-prompts",
             "64",
             "--max-concurrency",
@@ -649,20 +655,7 @@ WORKLOADS: list[dict[str, Any]] = [
         "name": "the same image requests one at a time (16 requests)",
         "key": "image-c1",
         "args": [
-            "--dataset-name",
-            "random-mm",
-            "--random-input-len",
-            "128",
-            "--random-output-len",
-            "128",
-            "--random-mm-base-items-per-request",
-            "1",
-            "--random-mm-num-mm-items-range-ratio",
-            "0",
-            "--random-mm-limit-mm-per-prompt",
-            '{"image": 1, "video": 0}',
-            "--random-mm-bucket-config",
-            "{(448, 448, 1): 1.0}",
+            *ONE_IMAGE_ARGS,
             "--num-prompts",
             "16",
             "--max-concurrency",

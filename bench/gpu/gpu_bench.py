@@ -39,7 +39,7 @@ from typing import Any
 from epd_connectors.config.roles import Role
 from epd_connectors.config.vllm import SERVER_MODULE
 from epd_connectors.launch.plan import plan_launch
-from epd_operator.local import processes, sample
+from epd_operator.local import processes, profile, sample
 from epd_operator.local.plan import POD_IP, LocalPlan, Readiness
 from epd_operator.local.profile import LocalProfile
 
@@ -47,15 +47,8 @@ HERE = Path(__file__).resolve().parent
 GIB = 1024**3
 STARTED = time.monotonic()
 
-GPU_VLLM_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-    "PYTHONFAULTHANDLER": "1",
-}
-"""No hub, no usage reports, a traceback when a process dies of a signal. Nothing CPU-specific."""
+GPU_VLLM_ENV = {key: value for key, value in profile.CPU_VLLM_ENV.items() if not key.startswith("VLLM_CPU_")}
+"""The local profile's env less its CPU settings: no hub, no usage reports, a traceback on a fatal signal."""
 
 
 def gpu_profile(kv_cache_bytes: int, *, enforce_eager: bool) -> LocalProfile:

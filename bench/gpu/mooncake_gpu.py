@@ -21,15 +21,20 @@ from mooncake.engine import TransferEngine
 MIB = 1024**2
 
 
+def gpu_buffers(size: int, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random bytes on the GPU to send, and a zeroed GPU buffer of the same size to receive them."""
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    source = torch.randint(0, 256, (size,), dtype=torch.uint8, device="cuda", generator=generator)
+    return source, torch.zeros(size, dtype=torch.uint8, device="cuda")
+
+
 def engine_check(size: int, repeats: int) -> dict[str, Any]:
     sender, receiver = TransferEngine(), TransferEngine()
     for engine in (sender, receiver):
         rc = engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "")
         if rc != 0:
             return {"error": f"initialize -> {rc}"}
-    generator = torch.Generator(device="cuda").manual_seed(0)
-    source = torch.randint(0, 256, (size,), dtype=torch.uint8, device="cuda", generator=generator)
-    target = torch.zeros(size, dtype=torch.uint8, device="cuda")
+    source, target = gpu_buffers(size, seed=0)
     registered = [sender.register_memory(source.data_ptr(), size), receiver.register_memory(target.data_ptr(), size)]
     peer = f"127.0.0.1:{receiver.get_rpc_port()}"
     torch.cuda.synchronize()
@@ -59,9 +64,7 @@ def store_check(master: str, size: int) -> dict[str, Any]:
     rc = store.setup("127.0.0.1", "P2PHANDSHAKE", 0, 64 * MIB, "tcp", "", master)
     if rc != 0:
         return {"error": f"setup -> {rc}"}
-    generator = torch.Generator(device="cuda").manual_seed(1)
-    source = torch.randint(0, 256, (size,), dtype=torch.uint8, device="cuda", generator=generator)
-    target = torch.zeros(size, dtype=torch.uint8, device="cuda")
+    source, target = gpu_buffers(size, seed=1)
     registered = [store.register_buffer(source.data_ptr(), size), store.register_buffer(target.data_ptr(), size)]
     key = f"epd-gpu-check-{time.time_ns()}"
     torch.cuda.synchronize()

@@ -152,6 +152,27 @@ def test_a_request_whose_set_is_retired_under_it_runs_again_on_the_set_that_took
     run(main)
 
 
+def test_a_failing_canary_of_the_new_sets_only_pair_steers_nothing_to_the_old_set_and_refuses_nothing() -> None:
+    """A roll's new set answers its first canaries late (its pods are cold, the old set still loaded), so its
+    only encoder -> prefill pair may be marked failing. "Never refuse a request that has no other way" counts
+    the instances of the request's revision only: the old set's healthy encoder is no way for a request on the
+    new set. Counted over every revision, the new encoder was avoided for its failing canary and the old one for
+    its revision, and media requests were answered 503 "no healthy encoder" (issue 33, a cold make test)."""
+
+    async def main() -> None:
+        stand_ins = two_sets()
+        async with running(*stand_ins.values()):
+            roster = roster_for(stand_ins, list(stand_ins))
+            roster.failing = frozenset({(stand_ins["encoder-new"].url, stand_ins["prefill-new"].url)})
+            async with serving(ProxyApp(roster, FAST)) as url, aiohttp.ClientSession() as session:
+                for seed in range(4):
+                    status, body = await post_json(session, url + "/v1/chat/completions", chat(seed))
+                    assert status == 200, body
+        assert served(stand_ins) == {"encoder-new", "prefill-new", "decode-new"}
+
+    run(main)
+
+
 def test_a_failure_of_the_newest_set_is_answered_at_once_and_never_moves_to_an_older_set() -> None:
     async def main() -> None:
         stand_ins = two_sets()

@@ -120,14 +120,17 @@ class Flow:
         if items and Role.ENCODER not in self.roster.roles:
             items = []  # no encoder pool: the consumer encodes the media itself
         role = self.roster.consumer_role
-        avoid = self._consumers_no_encoder_reaches() if items and self.roster.failing else frozenset()
+        revision: str | None = None
+        avoid: frozenset[str] = frozenset()
         if self.roster.revisions:
             revision = self.roster.routing_revision()
             if revision is None:
                 return self._once_a_revision_is_whole(request, may_move=may_move)
-            avoid |= self.roster.of_other_revisions(role, revision)
-            if may_move:
-                return self._on_revision(request, items, revision, avoid)
+            avoid = self.roster.of_other_revisions(role, revision)
+        if items and self.roster.failing:
+            avoid |= self._consumers_no_encoder_reaches(revision, avoid)
+        if revision is not None and may_move:
+            return self._on_revision(request, items, revision, avoid)
         return self._with_retries(role, lambda consumer: self._via_consumer(request, items, consumer), avoid)
 
     async def _once_a_revision_is_whole(self, request: ClientRequest, *, may_move: bool) -> Answer:
@@ -184,18 +187,23 @@ class Flow:
         items = find_media(request.body) if request.path.endswith("/chat/completions") else []
         return self._via_consumer(request, items, consumer, route)
 
-    def _consumers_no_encoder_reaches(self) -> frozenset[str]:
-        """Consumers that no healthy encoder's push reaches: a media request goes elsewhere if it can."""
-        encoders = {i.url for i in self.roster.instances(Role.ENCODER) if i.healthy}
-        consumers = self.roster.instances(self.roster.consumer_role)
+    def _consumers_no_encoder_reaches(self, revision: str | None, elsewhere: frozenset[str]) -> frozenset[str]:
+        """Consumers of `revision` (not in `elsewhere`, those of other revisions) that no healthy encoder of
+        that revision pushes to: a media request goes to another consumer of the revision if it can."""
+        encoders_elsewhere = (
+            self.roster.of_other_revisions(Role.ENCODER, revision) if revision is not None else frozenset()
+        )
+        encoders = {i.url for i in self.roster.instances(Role.ENCODER) if i.healthy} - encoders_elsewhere
+        consumers = [c for c in self.roster.instances(self.roster.consumer_role) if c.url not in elsewhere]
         avoid = frozenset(c.url for c in consumers if encoders and encoders <= self.roster.failing_senders(c.url))
-        return self._unless_all(self.roster.consumer_role, avoid)
+        return self._unless_all(self.roster.consumer_role, avoid, elsewhere)
 
-    def _unless_all(self, role: Role, avoid: frozenset[str]) -> frozenset[str]:
-        """`avoid`, unless it holds every healthy instance of `role`: a failing canary steers requests to a
-        working pair, but never refuses one that has no other way (the canary may be the one that is wrong,
-        and a request that fails anyway fails as it would have)."""
-        if avoid and all(i.url in avoid for i in self.roster.instances(role) if i.healthy):
+    def _unless_all(self, role: Role, avoid: frozenset[str], elsewhere: frozenset[str]) -> frozenset[str]:
+        """`avoid`, unless it holds every healthy instance of `role` the request may use (all but `elsewhere`,
+        those of other model revisions): a failing canary steers requests to a working pair, but never refuses
+        one that has no other way (the canary may be the one that is wrong: a new set's first canaries run
+        while its pods are still cold, and a request that fails anyway fails as it would have)."""
+        if avoid and all(i.url in avoid for i in self.roster.instances(role) if i.healthy and i.url not in elsewhere):
             return frozenset()
         return avoid
 
@@ -206,10 +214,14 @@ class Flow:
         those of another model revision and those whose transfer with it fails (while another is left)."""
         if pinned is not None:
             return frozenset(i.url for i in self.roster.instances(role) if i.url != pinned)
-        avoid = self._unless_all(role, failing(consumer.url)) if self.roster.failing else frozenset()
-        if self.roster.revisions:
-            avoid |= self.roster.of_other_revisions(role, self.roster.revision_of(consumer))
-        return avoid
+        elsewhere = (
+            self.roster.of_other_revisions(role, self.roster.revision_of(consumer))
+            if self.roster.revisions
+            else frozenset()
+        )
+        if not self.roster.failing:
+            return elsewhere
+        return elsewhere | self._unless_all(role, failing(consumer.url), elsewhere)
 
     async def _with_retries(
         self, role: Role, attempt: Callable[[Instance], Awaitable[Answer]], avoid: frozenset[str] = frozenset()

@@ -87,6 +87,8 @@ MUTATIONS: dict[str, st.SearchStrategy[Any]] = {
         {"etcdEndpoints": st.lists(st.sampled_from(["etcd:2379", "1.2.3.4:99999", "a b:1", "e-0.e:2"]), max_size=2)},
         optional={"replicas": _counts},
     ),
+    "media.allowedDomains": st.lists(st.sampled_from(["*", "a.example.com", "10.0.0.9", "A.b", "x y", ""]), max_size=2),
+    "media.allowedLocalMediaPath": st.sampled_from(["/media", "media", "/a/../b", "/", "//", "/m/"]),
     "prefill.additionalPools": st.lists(
         st.fixed_dictionaries({"name": _pool_names, "tensorParallelSize": st.integers(1, 2)}), max_size=2
     ),
@@ -153,6 +155,8 @@ def admission_ns(kube: Kube, crd: dict[str, Any]) -> Any:
 @example(case=_with("prefill.additionalPools", [{"name": "decode", "tensorParallelSize": 1}]))
 @example(case=_with("store.master.ha", {"backend": "k8s"}))
 @example(case=_with("proxy.resources", {"limits": {"cpu": "500m"}}))
+@example(case=_with("media.allowedDomains", ["*", "a.example.com"]))
+@example(case=_with("media.allowedLocalMediaPath", "//"))
 def test_an_admitted_spec_renders_children_the_api_server_accepts(
     kube: Kube, admission_ns: str, case: tuple[str, dict[str, Any]]
 ) -> None:

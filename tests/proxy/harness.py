@@ -6,6 +6,7 @@ The tests call `run(coro)`: each test is one asyncio program that starts what it
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -24,6 +25,11 @@ FAST = ProxyOptions(
     canary=Canary(interval_s=0),
 )
 """Short limits, and no canaries: the tests count what each stand-in got (test_canaries turns them on)."""
+
+
+def data_url(tag: str) -> str:
+    """A valid base64 data URL whose payload is `tag` (the proxy checks data URLs decode; stand-ins never look)."""
+    return "data:image/png;base64," + base64.b64encode(tag.encode()).decode()
 
 
 def run(main: Callable[[], Awaitable[None]]) -> None:
@@ -51,7 +57,7 @@ async def serving(app: ProxyApp) -> AsyncIterator[str]:
     sock = Server.listen("127.0.0.1", 0)
     port = sock.getsockname()[1]
     await app.startup()
-    server = Server(app, error_body=app.error_body, max_body_bytes=app.options.limits.max_body_bytes)
+    server = Server(app, error_body=app.error_body, clients=app.options.clients)
     server.start(sock)
     try:
         yield f"http://127.0.0.1:{port}"

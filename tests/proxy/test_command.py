@@ -14,12 +14,12 @@ from epd_connectors.config.bundle import Endpoint, Peers, PrefillEndpoint, Proxy
 from epd_connectors.config.roles import Role
 from epd_connectors.proxy import cli
 from epd_connectors.proxy.local import local_proxy
-from tests.proxy.harness import post_json, run
+from tests.proxy.harness import data_url, post_json, run
 from tests.proxy.stand_ins import StandIn, running
 
 CHAT = {
     "model": "tiny",
-    "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "d:1"}}]}],
+    "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url("1")}}]}],
 }
 
 

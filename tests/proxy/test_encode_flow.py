@@ -17,7 +17,7 @@ from epd_connectors.proxy.media import find_media
 from epd_connectors.proxy.roster import InstanceSpec
 from epd_connectors.proxy.routing import preference
 from epd_connectors.proxy.settings import Limits
-from tests.proxy.harness import FAST, roster_of, run, serving
+from tests.proxy.harness import FAST, data_url, roster_of, run, serving
 from tests.proxy.stand_ins import StandIn, running
 
 
@@ -42,7 +42,7 @@ def test_only_items_the_encoder_reported_metadata_for_are_rewritten() -> None:
     """Stand-in encoder: it can be told to report nothing for one image, which a real one does only on faults."""
 
     async def main() -> None:
-        body = chat("data:one", "data:two")
+        body = chat(data_url("one"), data_url("two"))
         skipped = find_media(body)[1].uuid
         enc, pd = StandIn("e0", role="encoder", no_metadata={skipped}), StandIn("pd0")
         async with running(enc, pd):
@@ -55,7 +55,7 @@ def test_only_items_the_encoder_reported_metadata_for_are_rewritten() -> None:
         assert 'epd_proxy_media_items_total{result="kept"} 1.0' in metrics
         sent = pd.requests[0]["messages"][0]["content"]
         assert sent[1]["type"] == "image_embeds" and sent[1]["image_embeds"] == {"image_grid_thw": [1, 4, 4]}
-        assert sent[2] == {"type": "image_url", "image_url": {"url": "data:two"}, "uuid": skipped}
+        assert sent[2] == {"type": "image_url", "image_url": {"url": data_url("two")}, "uuid": skipped}
         assert len(enc.requests) == 1 and len(enc.requests[0]["messages"][0]["content"]) == 2
 
     run(main)
@@ -84,15 +84,15 @@ def test_a_repeated_image_meets_the_same_encoder_and_fails_over_in_its_order() -
         pd = StandIn("pd0")
         async with running(*encoders, pd):
             app = ProxyApp(roster_of({Role.ENCODER: encoders, Role.PD: [pd]}), FAST)
-            uuid = find_media(chat("data:cat"))[0].uuid
+            uuid = find_media(chat(data_url("cat")))[0].uuid
             order = preference(uuid, [e.url for e in encoders])
             by_url = {e.url: e for e in encoders}
             async with serving(app) as url, aiohttp.ClientSession() as session:
                 for _ in range(3):
-                    assert (await post(session, url, chat("data:cat")))[0] == 200
+                    assert (await post(session, url, chat(data_url("cat"))))[0] == 200
                 assert len(by_url[order[0]].requests) == 3
                 await by_url[order[0]].stop()
-                assert (await post(session, url, chat("data:cat")))[0] == 200
+                assert (await post(session, url, chat(data_url("cat"))))[0] == 200
                 assert len(by_url[order[1]].requests) == 1
                 metrics = await (await session.get(url + "/metrics")).text()
         assert 'epd_proxy_encoder_affinity_total{result="hit"} 4.0' in metrics  # routing chose well; it failed after
@@ -110,13 +110,13 @@ def test_an_encoder_5xx_is_retried_on_the_next_encoder() -> None:
         encoders = [StandIn(f"e{i}", role="encoder") for i in range(2)]
         pd = StandIn("pd0")
         async with running(*encoders, pd):
-            uuid = find_media(chat("data:x"))[0].uuid
+            uuid = find_media(chat(data_url("x")))[0].uuid
             first = preference(uuid, [e.url for e in encoders])[0]
             failing = next(e for e in encoders if e.url == first)
             failing.statuses = [500]
             app = ProxyApp(roster_of({Role.ENCODER: encoders, Role.PD: [pd]}), FAST)
             async with serving(app) as url, aiohttp.ClientSession() as session:
-                status, _ = await post(session, url, chat("data:x"))
+                status, _ = await post(session, url, chat(data_url("x")))
         assert status == 200
         assert sum(len(e.requests) for e in encoders) == 2
         assert pd.requests[0]["messages"][0]["content"][1]["type"] == "image_embeds"
@@ -133,8 +133,8 @@ def test_all_encoders_down_is_a_clear_error() -> None:
             roster = roster_of({Role.ENCODER: [dead_url()], Role.PD: [pd]})
             app = ProxyApp(roster, FAST, probe=False)
             async with serving(app) as url, aiohttp.ClientSession() as session:
-                status, text = await post(session, url, chat("data:x"))
-                again, text2 = await post(session, url, chat("data:x"))
+                status, text = await post(session, url, chat(data_url("x")))
+                again, text2 = await post(session, url, chat(data_url("x")))
         assert status == 502 and "encoder" in text
         assert again == 503 and "no healthy encoder" in text2
         assert pd.requests == []
@@ -152,7 +152,7 @@ def test_items_are_batched_per_encoder_with_a_cap_and_sent_concurrently() -> Non
             app = ProxyApp(roster_of({Role.ENCODER: [enc], Role.PD: [pd]}), options)
             async with serving(app) as url, aiohttp.ClientSession() as session:
                 started = time.perf_counter()
-                status, _ = await post(session, url, chat(*(f"data:{i}" for i in range(5))))
+                status, _ = await post(session, url, chat(*(data_url(str(i)) for i in range(5))))
                 elapsed = time.perf_counter() - started
         assert status == 200 and len(enc.requests) == 5 and elapsed < 1.2
         sent = pd.requests[0]["messages"][0]["content"]
@@ -172,7 +172,7 @@ def test_push_connector_gets_the_consumer_replica_address_and_the_rank_header() 
             app = ProxyApp(roster_of({Role.ENCODER: [enc], Role.PD: [spec]}), FAST)
             async with serving(app) as url, aiohttp.ClientSession() as session:
                 for i in range(2):
-                    assert (await post(session, url, chat(f"data:{i}")))[0] == 200
+                    assert (await post(session, url, chat(data_url(str(i)))))[0] == 200
         for n in range(2):
             ec = enc.requests[n]["ec_transfer_params"]
             assert ec["consumer_zmq"] == spec.ec_addresses[n]
@@ -210,7 +210,7 @@ def test_without_affinity_media_spread_by_load() -> None:
             app = ProxyApp(roster_of({Role.ENCODER: encoders, Role.PD: [pd]}), options)
             async with serving(app) as url, aiohttp.ClientSession() as session:
                 for _ in range(4):
-                    assert (await post(session, url, chat("data:same")))[0] == 200
+                    assert (await post(session, url, chat(data_url("same"))))[0] == 200
                 metrics = await (await session.get(url + "/metrics")).text()
         assert [len(e.requests) for e in encoders] == [2, 2]
         assert "epd_proxy_encoder_affinity_total{" not in metrics
@@ -227,7 +227,7 @@ def test_concurrent_media_requests_spread_over_consumers_while_encoding() -> Non
         async with running(enc, *pds):
             app = ProxyApp(roster_of({Role.ENCODER: [enc], Role.PD: pds}), FAST)
             async with serving(app) as url, aiohttp.ClientSession() as session:
-                results = await asyncio.gather(*(post(session, url, chat(f"data:{i}")) for i in range(4)))
+                results = await asyncio.gather(*(post(session, url, chat(data_url(str(i)))) for i in range(4)))
         assert [r[0] for r in results] == [200] * 4
         assert [len(p.requests) for p in pds] == [2, 2]
 

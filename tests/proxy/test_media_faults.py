@@ -9,12 +9,15 @@ read (tests/e2e/ec_example/test_proxy_faults.py sends those to real vLLM).
 from __future__ import annotations
 
 import socket
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
 
+from epd_connectors.config.media import MediaAccess
 from epd_connectors.config.roles import Role
 from epd_connectors.proxy.app import ProxyApp
+from epd_connectors.proxy.settings import ProxyOptions
 from tests.proxy.harness import FAST, post_json, roster_of, run
 from tests.proxy.harness import serving as serving_app
 from tests.proxy.stand_ins import StandIn, running
@@ -31,12 +34,14 @@ def nothing_listens() -> str:
         return f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
-async def ask(encoders: list[Any], body: dict[str, Any]) -> tuple[int, dict[str, Any], StandIn]:
+async def ask(
+    encoders: list[Any], body: dict[str, Any], options: ProxyOptions = FAST
+) -> tuple[int, dict[str, Any], StandIn]:
     """One request through a proxy in front of these encoders (stand-ins or URLs) and a stand-in PD."""
     pd = StandIn("pd0")
     stand_ins = [e for e in encoders if isinstance(e, StandIn)]
     async with running(*stand_ins, pd):
-        app = ProxyApp(roster_of({Role.ENCODER: encoders, Role.PD: [pd]}), FAST, probe=False)
+        app = ProxyApp(roster_of({Role.ENCODER: encoders, Role.PD: [pd]}), options, probe=False)
         async with serving_app(app) as url, aiohttp.ClientSession() as session:
             status, answer = await post_json(session, url + "/v1/chat/completions", body)
     return status, answer, pd
@@ -62,7 +67,8 @@ def test_a_url_every_encoder_answered_500_for_is_a_422_naming_the_item_after_one
 def test_a_file_url_the_only_encoder_answered_500_for_is_a_422() -> None:
     async def main() -> None:
         encoder = StandIn("e0", role="encoder", statuses=[500])
-        status, answer, pd = await ask([encoder], chat("file:///srv/images/cat.png"))
+        local = replace(FAST, media=MediaAccess(local_path="/srv/images"))
+        status, answer, pd = await ask([encoder], chat("file:///srv/images/cat.png"), local)
         assert status == 422 and "file:///srv/images/cat.png" in answer["error"]["message"], answer
         assert len(encoder.requests) == 1 and pd.requests == []
 

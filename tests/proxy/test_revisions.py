@@ -19,14 +19,14 @@ from epd_connectors.proxy import flow
 from epd_connectors.proxy.app import ProxyApp
 from epd_connectors.proxy.canary import pairs_of
 from epd_connectors.proxy.roster import InstanceSpec, PodRevision, Roster
-from tests.proxy.harness import FAST, post_json, run, serving
+from tests.proxy.harness import FAST, data_url, post_json, run, serving
 from tests.proxy.stand_ins import StandIn, running
 
 OLD, NEW = PodRevision("aaaa", "2026-12-03T01:00:00Z"), PodRevision("bbbb", "2026-12-03T02:00:00Z")
 
 
 def chat(seed: int) -> dict[str, Any]:
-    content = [{"type": "text", "text": "what"}, {"type": "image_url", "image_url": {"url": f"data:img{seed}"}}]
+    content = [{"type": "text", "text": "what"}, {"type": "image_url", "image_url": {"url": data_url(f"img{seed}")}}]
     return {"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": content}]}
 
 

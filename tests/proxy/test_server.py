@@ -15,7 +15,7 @@ import uvloop
 from epd_connectors.config.roles import Role
 from epd_connectors.proxy.app import ProxyApp
 from epd_connectors.proxy.server import Server
-from epd_connectors.proxy.settings import ProxyOptions
+from epd_connectors.proxy.settings import Clients, ProxyOptions
 from tests.proxy.harness import FAST, roster_of, run, serving
 from tests.proxy.stand_ins import StandIn, running
 
@@ -91,7 +91,7 @@ def test_expect_100_continue_and_a_chunked_body() -> None:
 def test_a_body_over_the_limit_is_refused_before_it_is_read() -> None:
     async def main() -> None:
         pd = StandIn("pd0")
-        options = replace(FAST, limits=replace(FAST.limits, max_body_bytes=1000))
+        options = replace(FAST, clients=Clients(max_body_bytes=1000))
         async with in_front_of(pd, options) as url:
             reader, writer = await connect(url)
             writer.write(post(b"x" * 5000)[:-5000])  # the head only: refused on its content-length
@@ -152,7 +152,7 @@ def test_every_waiting_connection_is_accepted_on_one_wake_up() -> None:
     async def main() -> None:
         app = ProxyApp(roster_of({Role.PD: ["http://127.0.0.1:9"]}), FAST, probe=False)
         sock = Server.listen("127.0.0.1", 0)
-        server = Server(app, error_body=app.error_body, max_body_bytes=1000)
+        server = Server(app, error_body=app.error_body, clients=Clients(max_body_bytes=1000))
         server.start(sock)
         clients = []
         try:

@@ -13,14 +13,14 @@ from epd_connectors.config.roles import Role
 from epd_connectors.proxy.app import ProxyApp
 from epd_connectors.proxy.media import find_media
 from epd_connectors.proxy.roster import InstanceSpec
-from tests.proxy.harness import FAST, post_json, roster_of, run, serving
+from tests.proxy.harness import FAST, data_url, post_json, roster_of, run, serving
 from tests.proxy.stand_ins import StandIn, running
 
 MOONCAKE = replace(FAST, timeouts=FAST.timeouts, limits=FAST.limits, kv_protocol=KVProtocol.MOONCAKE)
 
 
 def chat(stream: bool = False) -> dict[str, Any]:
-    content = [{"type": "text", "text": "what"}, {"type": "image_url", "image_url": {"url": "data:img"}}]
+    content = [{"type": "text", "text": "what"}, {"type": "image_url", "image_url": {"url": data_url("img")}}]
     return {"model": "tiny", "stream": stream, "max_tokens": 20, "messages": [{"role": "user", "content": content}]}
 
 
@@ -64,7 +64,11 @@ def test_e_p_d_with_mooncake_connector_names_both_sides_with_one_transfer() -> N
             "transfer_id": transfer,
         }
         assert d["max_tokens"] == 20 and "ec_transfer_params" not in d
-        assert d["messages"][0]["content"][1] == {"type": "image_url", "image_url": {"url": "data:img"}, "uuid": uuid}
+        assert d["messages"][0]["content"][1] == {
+            "type": "image_url",
+            "image_url": {"url": data_url("img")},
+            "uuid": uuid,
+        }
         assert decode.requests[1]["stream"] is True
         for stage in ("encode", "prefill", "first_token", "total"):
             assert f'epd_proxy_stage_seconds_count{{stage="{stage}"}}' in metrics

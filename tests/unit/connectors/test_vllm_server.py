@@ -16,6 +16,7 @@ from epd_connectors.config.kv_transfer import (
     MooncakeConnectorConfig,
     MooncakeStoreConnectorConfig,
 )
+from epd_connectors.config.media import DOMAINS_FLAG, LOCAL_PATH_FLAG, NO_HOST, REDIRECTS_ENV
 from epd_connectors.config.transfer_rules import check_transfers
 from epd_connectors.config.vllm import OWNED_FLAGS, VllmServerConfig
 
@@ -102,8 +103,8 @@ def test_optional_flags() -> None:
 
 
 def test_extra_args_come_last() -> None:
-    argv = make("pd", extra_args=["--max-num-seqs", "64", "--allowed-local-media-path=/media"]).argv()
-    assert argv[-3:] == ["--max-num-seqs", "64", "--allowed-local-media-path=/media"]
+    argv = make("pd", extra_args=["--max-num-seqs", "64", "--max-model-len=512"]).argv()
+    assert argv[-3:] == ["--max-num-seqs", "64", "--max-model-len=512"]
 
 
 def test_transfer_configs_that_do_not_fit_are_refused() -> None:
@@ -308,3 +309,28 @@ def test_ec_consumers_accept_embeds_items_and_nothing_else_does() -> None:
     assert not any("mm-embeds" in arg for arg in encoder.argv(ECMooncakeProducer()))
     with pytest.raises(ValidationError, match="--enable-mm-embeds"):
         VllmServerConfig(role="pd", model="/m", extra_args=["--enable-mm-embeds"])
+
+
+def test_media_access_is_vllms_own_allow_lists_and_no_redirect_gets_round_them() -> None:
+    anywhere = make("encoder")
+    assert DOMAINS_FLAG not in anywhere.argv() and REDIRECTS_ENV not in anywhere.env()
+    closed = make("encoder", media={"domains": []})
+    assert value_of(closed.argv(), DOMAINS_FLAG) == NO_HOST and closed.argv().count(DOMAINS_FLAG) == 1
+    assert closed.env()[REDIRECTS_ENV] == "0"
+    listed = make("pd", media={"domains": ["a.example.com", "10.0.0.9"], "local_path": "/media"}).argv()
+    at = listed.index(DOMAINS_FLAG)
+    assert listed[at + 1 : at + 3] == ["a.example.com", "10.0.0.9"] and listed[at + 3].startswith("--")
+    assert value_of(listed, LOCAL_PATH_FLAG) == "/media"
+
+
+@pytest.mark.parametrize(
+    ("media", "needle"),
+    [
+        ({"domains": ["Images.Example.com"]}, "is not a lower-case host name"),
+        ({"domains": ["https://a.example.com"]}, "give the host alone"),
+        ({"local_path": "media"}, "is not an absolute directory"),
+        ({"local_path": "/"}, "is not an absolute directory"),
+    ],
+)
+def test_media_access_refuses_what_vllm_would_never_match(media: dict[str, Any], needle: str) -> None:
+    assert needle in rejection(media=media)

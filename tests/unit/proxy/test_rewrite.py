@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import pytest
@@ -20,8 +21,12 @@ from epd_connectors.proxy.rewrite import (
 pytestmark = pytest.mark.unit
 
 
-def image(url: str) -> dict[str, Any]:
-    return {"type": "image_url", "image_url": {"url": url}}
+def image(tag: str) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": data_url(tag)}}
+
+
+def data_url(tag: str) -> str:
+    return "data:image/png;base64," + base64.b64encode(tag.encode()).decode()
 
 
 def request(*urls: str) -> dict[str, Any]:
@@ -49,9 +54,9 @@ def test_batches_group_per_encoder_in_order_with_a_cap_and_each_uuid_once() -> N
     assignment = list(zip(items, ["e1", "e2", "e1", "e1", "e1"], strict=True))
     plan = batches(assignment, batch_max=2)
     assert [(b.encoder, [i.content["image_url"]["url"] for i in b.items]) for b in plan] == [
-        ("e1", ["a", "c"]),
-        ("e2", ["b"]),
-        ("e1", ["d"]),
+        ("e1", [data_url("a"), data_url("c")]),
+        ("e2", [data_url("b")]),
+        ("e1", [data_url("d")]),
     ]
     assert all(len(b.transfer_ids) == len(b.items) for b in plan)
     assert len({t for b in plan for t in b.transfer_ids}) == 4
@@ -135,7 +140,7 @@ def test_audio_and_video_become_their_embeds_kind() -> None:
                 "role": "user",
                 "content": [
                     {"type": "input_audio", "input_audio": {"data": "AAA", "format": "wav"}},
-                    {"type": "video_url", "video_url": {"url": "v"}},
+                    {"type": "video_url", "video_url": {"url": data_url("v")}},
                 ],
             }
         ]

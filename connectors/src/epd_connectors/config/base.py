@@ -28,6 +28,11 @@ class ConfigError(ValueError):
         super().__init__("; ".join(problems))
 
 
+def as_tuple(value: object) -> object:
+    """A list as a tuple (a BeforeValidator for tuple fields of frozen models that JSON and YAML give as lists)."""
+    return tuple(value) if isinstance(value, list) else value
+
+
 def rule_error(field: str, value: object, problem: str, fix: str) -> ValueError:
     """The error a validator raises; pydantic keeps the message and adds the field's location. An enum value
     shows as what the user wrote ('pd'), not as the member."""

@@ -21,6 +21,7 @@ from epd_connectors.config.ec_ports import ec_control_address
 from epd_connectors.config.ec_transfer import ECMooncakeProducer, ECTransferConfig
 from epd_connectors.config.kv_transfer import KVTransferConfig, MooncakeStoreConnectorConfig, connectors_of
 from epd_connectors.config.master import MasterConfig
+from epd_connectors.config.media import MediaAccess
 from epd_connectors.config.mooncake import MooncakeStoreConfig, StoreMode
 from epd_connectors.config.roles import Role
 from epd_connectors.config.store_client import StoreClientConfig
@@ -153,6 +154,8 @@ class ProxySettings(ConfigModel):
     """Seconds between canaries of each transfer path that works; 0: none (None: the proxy's default)."""
     canary_timeout_s: float | None = Field(default=None, gt=0)
     """Seconds one canary may take before its path counts as failing (None: the proxy's default)."""
+    media: MediaAccess = MediaAccess()
+    """The media URLs the deployment's instances fetch: the proxy refuses any other before a backend sees it."""
 
 
 class WaitSettings(ConfigModel):

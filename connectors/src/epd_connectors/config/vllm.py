@@ -15,9 +15,10 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, ValidationInfo, field_validator, model_validator
 
 from epd_connectors.config import _transfer_common
-from epd_connectors.config.base import ConfigModel, Port, rule_error
+from epd_connectors.config.base import ConfigModel, Port, as_tuple, rule_error
 from epd_connectors.config.ec_transfer import ECConfig
 from epd_connectors.config.kv_transfer import AnyKVConfig
+from epd_connectors.config.media import DOMAINS_FLAG, LOCAL_PATH_FLAG, MediaAccess
 from epd_connectors.config.roles import Role, VllmRole
 
 """What the instance does: encoder (vision/audio encoder only), prefill, decode, or combined pd."""
@@ -65,6 +66,8 @@ OWNED_FLAGS: dict[str, str] = {
     "--no-enable-prefix-caching": "enable_prefix_caching",
     "--prefix-caching-hash-algo": "prefix_caching_hash_algo",
     "--shutdown-timeout": "shutdown_timeout_s",
+    DOMAINS_FLAG: "media.domains",
+    LOCAL_PATH_FLAG: "media.local_path",
     "--ec-transfer-config": "ec_transfer_config",
     "--kv-transfer-config": "kv_transfer_config",
     # A YAML file of arguments could set any of the above behind our back.
@@ -114,10 +117,6 @@ def _match(name: str, owned: list[str]) -> str | None:
         return name
     matches = sorted(flag for flag in owned if flag.startswith(name))
     return matches[0] if len(name.lstrip("-")) > 0 and matches else None
-
-
-def _as_tuple(value: object) -> object:
-    return tuple(value) if isinstance(value, list) else value
 
 
 class VllmServerConfig(ConfigModel):
@@ -197,7 +196,10 @@ class VllmServerConfig(ConfigModel):
     """--shutdown-timeout: how long vLLM lets the requests in flight finish after SIGTERM before it stops; 0, vLLM's
     default (no flag), aborts them at once."""
 
-    extra_args: Annotated[tuple[str, ...], BeforeValidator(_as_tuple)] = ()
+    media: MediaAccess = MediaAccess()
+    """The media URLs the instance may fetch besides inline data URLs (vLLM's allow-lists)."""
+
+    extra_args: Annotated[tuple[str, ...], BeforeValidator(as_tuple)] = ()
     """Further vLLM arguments, appended last; may not set a flag this model owns."""
 
     @field_validator("model", "served_model_name", "host")
@@ -330,6 +332,7 @@ class VllmServerConfig(ConfigModel):
             args += ["--prefix-caching-hash-algo", self.prefix_caching_hash_algo]
         if self.shutdown_timeout_s:
             args += ["--shutdown-timeout", str(self.shutdown_timeout_s)]
+        args += self.media.vllm_args()
         if ec is not None:
             args += ["--ec-transfer-config", ec.to_cli_json()]
         if kv is not None:
@@ -346,7 +349,7 @@ class VllmServerConfig(ConfigModel):
             env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = str(self.mooncake_bootstrap_port)
         if self.python_hash_seed is not None:
             env["PYTHONHASHSEED"] = str(self.python_hash_seed)
-        return env
+        return env | self.media.vllm_env()
 
 
 def _bool_flag(flag: str, value: bool | None) -> list[str]:

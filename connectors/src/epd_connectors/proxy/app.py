@@ -16,6 +16,7 @@ import contextlib
 import itertools
 import logging
 import os
+import re
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
@@ -52,6 +53,8 @@ log = logging.getLogger(__name__)
 _ID_PREFIX = f"epd-{os.urandom(6).hex()}"
 """Request ids are this process's random prefix plus a counter: unique across proxies, and cheaper than uuid4."""
 _ID_COUNTER = itertools.count()
+_SAFE_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:/+=@-]{1,128}")
+"""A client's request id forwarded as is: bounded, and nothing a header or log line could misread."""
 
 
 class ProxyApp:
@@ -229,8 +232,11 @@ class ProxyApp:
 
 
 def _request_id(request: Request) -> str:
+    """The client's x-request-id when it is a sane one (it reaches every backend's logs and headers), else ours."""
     given = request.header(b"x-request-id")
-    return given.decode("latin-1") if given is not None else f"{_ID_PREFIX}-{next(_ID_COUNTER)}"
+    if given is not None and _SAFE_REQUEST_ID.fullmatch(given):
+        return given.decode("ascii")
+    return f"{_ID_PREFIX}-{next(_ID_COUNTER)}"
 
 
 async def _send_json(reply: Reply, status: int, payload: Any) -> None:

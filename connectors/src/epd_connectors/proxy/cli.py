@@ -89,6 +89,26 @@ def parser() -> argparse.ArgumentParser:
         help=f"for one canary (bundle proxy.canary_timeout_s, default {s.DEFAULT_CANARY_TIMEOUT_S})",
     )
     p.add_argument(
+        "--max-body-bytes", type=int, help=f"largest client request body (default {s.DEFAULT_MAX_BODY_BYTES})"
+    )
+    p.add_argument(
+        "--head-timeout",
+        type=float,
+        metavar="SECONDS",
+        help=f"for a client's request head to arrive, else 408 (default {s.DEFAULT_HEAD_TIMEOUT_S})",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=float,
+        metavar="SECONDS",
+        help=f"a client's request body may stall, else 408 (default {s.DEFAULT_BODY_TIMEOUT_S})",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        help=f"client connections open at once; more are answered 503 (default {s.DEFAULT_MAX_CONNECTIONS})",
+    )
+    p.add_argument(
         "--discover",
         action="store_true",
         default=None,
@@ -113,6 +133,13 @@ def options_from(given: Layered, bundle: ProxySettings) -> s.ProxyOptions:
             encoder_batch_max=max(1, given.value("encoder_batch_max", s.DEFAULT_ENCODER_BATCH_MAX, int)),
             probe_interval_s=given.value("probe_interval", s.DEFAULT_PROBE_INTERVAL_S, float),
         ),
+        clients=s.Clients(
+            max_body_bytes=max(1, given.value("max_body_bytes", s.DEFAULT_MAX_BODY_BYTES, int)),
+            head_timeout_s=given.value("head_timeout", s.DEFAULT_HEAD_TIMEOUT_S, float),
+            body_timeout_s=given.value("body_timeout", s.DEFAULT_BODY_TIMEOUT_S, float),
+            max_connections=max(1, given.value("max_connections", s.DEFAULT_MAX_CONNECTIONS, int)),
+        ),
+        media=bundle.media,
         encoder_affinity=bundle.encoder_affinity and not given.switch("no_encoder_affinity"),
         kv_protocol=given.value("kv_protocol", bundle.kv_protocol, KVProtocol),
         canary=s.Canary(
@@ -211,7 +238,7 @@ async def serve(app: ProxyApp, host: str, port: int) -> None:
     """Serve until SIGTERM or SIGINT, then let answers in progress finish (up to SHUTDOWN_GRACE_S)."""
     listener = Server.listen(host, port)
     await app.startup()
-    server = Server(app, error_body=app.error_body, max_body_bytes=app.options.limits.max_body_bytes)
+    server = Server(app, error_body=app.error_body, clients=app.options.clients)
     server.start(listener)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

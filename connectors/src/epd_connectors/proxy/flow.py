@@ -116,7 +116,7 @@ class Flow:
 
     def _run(self, request: ClientRequest, *, may_move: bool) -> Awaitable[Answer]:
         """`run`; `may_move`: a failure of the revision's set may still move the request to the next set."""
-        items = find_media(request.body) if request.path.endswith("/chat/completions") else []
+        items = find_media(request.body, self.options.media) if request.path.endswith("/chat/completions") else []
         if items and Role.ENCODER not in self.roster.roles:
             items = []  # no encoder pool: the consumer encodes the media itself
         role = self.roster.consumer_role
@@ -184,7 +184,7 @@ class Flow:
     def through(self, request: ClientRequest, consumer: Instance, route: Route) -> Awaitable[Answer]:
         """`request` over fixed instances, without retries elsewhere (a canary): this consumer, and the route's
         encoder and decode."""
-        items = find_media(request.body) if request.path.endswith("/chat/completions") else []
+        items = find_media(request.body, self.options.media) if request.path.endswith("/chat/completions") else []
         return self._via_consumer(request, items, consumer, route)
 
     def _consumers_no_encoder_reaches(self, revision: str | None, elsewhere: frozenset[str]) -> frozenset[str]:

@@ -4,8 +4,11 @@ A general ASGI server spends more CPU per request than the proxy's own work, and
 new connection per loop iteration (its libuv takes one per poll), so a burst of clients waits behind a busy loop
 for seconds. Here the listening socket is drained at once on every wake-up, a complete answer leaves in one
 write (head and body together), a stream's chunks in one writev each, and a client that goes away cancels its
-handler at once. Keep-alive connections idle longer than `keepalive_s` are closed by a sweep, not a timer per
-request. Requests pipelined on one connection are answered in order.
+handler at once. One sweep a second, not a timer per request, closes keep-alive connections idle longer than
+`keepalive_s` and answers 408 to a head or body that stalls. Requests pipelined on one connection are answered in
+order. A connection holds no request body once its request is parsed or the connection is gone, and nothing
+ties it to itself after it closes: the proxy runs with a high collector threshold, so a body kept alive by a
+reference cycle would stay for thousands of connections.
 """
 
 from __future__ import annotations
@@ -21,13 +24,15 @@ from typing import Any
 
 import httptools
 
+from epd_connectors.proxy.settings import Clients
+
 log = logging.getLogger(__name__)
 
 Header = tuple[bytes, bytes]
 MAX_HEAD_BYTES = 64 * 1024
 """Largest request line plus headers; more is refused (431), as the proxy never needs long heads."""
-DEFAULT_KEEPALIVE_S = 75.0
-"""Seconds an idle client connection is kept: longer than the usual client pools' 60 s, so they close first."""
+SWEEP_S = 1.0
+"""Seconds between sweeps for idle and stalled connections (at most this late on the limits above)."""
 BACKLOG = 2048
 """Listen queue length: a burst of new clients waits in the kernel until the next accept round."""
 _REASONS = {
@@ -35,6 +40,7 @@ _REASONS = {
     400: b"Bad Request",
     404: b"Not Found",
     405: b"Method Not Allowed",
+    408: b"Request Timeout",
     413: b"Content Too Large",
     431: b"Request Header Fields Too Large",
     499: b"Client Closed Request",
@@ -176,8 +182,16 @@ class _Connection(asyncio.Protocol):
         self.server = server
         self.loop = server.loop
         self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpRequestParser(self)
-        self.idle_since: float | None = time.monotonic()
+        self.parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
+        """Holds this connection (its callbacks): dropped when the connection closes, so no cycle is left."""
+        now = time.monotonic()
+        self.idle_since: float | None = now
+        """Since when no request is on its way or in progress (a new connection's counts from its accept)."""
+        self.head_since: float | None = now
+        """When the head now being read began (a new connection's counts from its accept, so a client that
+        connects and sends nothing is closed after the head's limit, not the longer keep-alive one)."""
+        self.body_since: float | None = None
+        """When the body now being read last moved."""
         self._url = b""
         self._headers: list[Header] = []
         self._body: list[bytes] = []
@@ -199,6 +213,8 @@ class _Connection(asyncio.Protocol):
         self.server.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
+        if self.parser is None:
+            return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -214,7 +230,13 @@ class _Connection(asyncio.Protocol):
                 exchange.reply.gone = True
                 if exchange.task is not None:
                     exchange.task.cancel()
+        # The parser and the exchange in progress (through its Reply) both point back here: drop them, and
+        # the body read so far, so the connection and every body it holds go as soon as its handler ends.
+        self.parser = None
+        self._current = None
         self._queue.clear()
+        self._body = []
+        self._headers = []
         self._wake_writer()
 
     def pause_writing(self) -> None:
@@ -226,6 +248,8 @@ class _Connection(asyncio.Protocol):
 
     # httptools callbacks
     def on_message_begin(self) -> None:
+        if self.head_since is None:
+            self.head_since = time.monotonic()
         self.idle_since = None
         self._url = b""
         self._headers = []
@@ -241,10 +265,12 @@ class _Connection(asyncio.Protocol):
         self._grow_head(len(name) + len(value))
 
     def on_headers_complete(self) -> None:
+        self.head_since = None
         if self._refused:
             return
-        if _content_length(self._headers) > self.server.max_body_bytes:
-            self._refuse(413, f"the request body is larger than {self.server.max_body_bytes} bytes")
+        self.body_since = time.monotonic()
+        if _content_length(self._headers) > self.server.clients.max_body_bytes:
+            self._refuse(413, f"the request body is larger than {self.server.clients.max_body_bytes} bytes")
         elif _expects_continue(self._headers) and self.transport is not None:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
@@ -252,12 +278,14 @@ class _Connection(asyncio.Protocol):
         if self._refused:
             return
         self._size += len(body)
-        if self._size > self.server.max_body_bytes:
-            self._refuse(413, f"the request body is larger than {self.server.max_body_bytes} bytes")
+        if self._size > self.server.clients.max_body_bytes:
+            self._refuse(413, f"the request body is larger than {self.server.clients.max_body_bytes} bytes")
             return
+        self.body_since = time.monotonic()
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        self.body_since = None
         if self._refused:
             return
         target = self._url
@@ -266,11 +294,14 @@ class _Connection(asyncio.Protocol):
         else:
             url = httptools.parse_url(target)
             path, query = url.path or b"/", url.query or b""
-        method = self.parser.get_method().decode("ascii")
+        parser = self.parser
+        assert parser is not None  # the parser's own callback: only connection_lost drops it
+        method = parser.get_method().decode("ascii")
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        self._body = []  # the request holds the body now; its pieces go
         request = Request(method, path.decode("latin-1"), query.decode("latin-1"), self._headers, body)
-        keep_alive = self.parser.should_keep_alive() and not self.server.closing
-        chunked = self.parser.get_http_version() != "1.0"
+        keep_alive = parser.should_keep_alive() and not self.server.closing
+        chunked = parser.get_http_version() != "1.0"
         exchange = _Exchange(request, Reply(self, head_only=method == "HEAD", keep_alive=keep_alive, chunked=chunked))
         if self._current is None:
             self._run(exchange)
@@ -290,6 +321,8 @@ class _Connection(asyncio.Protocol):
         if self._refused or self.transport is None:
             return
         self._refused = True
+        self._body = []
+        self.head_since = self.body_since = None
         body = self.server.error_body(status, message)
         head = _status_line(status) + b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body)
         if self._current is None:
@@ -379,6 +412,17 @@ class _Connection(asyncio.Protocol):
         if self.idle_since is not None and (self.server.closing or now - self.idle_since > keepalive_s):
             self._close()
 
+    def time_out_reads(self, now: float, clients: Clients) -> None:
+        """408 to a head or body that has stalled past its limit (a connection that never sent a byte is just
+        closed: there is no request to answer)."""
+        if self.head_since is not None and now - self.head_since > clients.head_timeout_s:
+            if self.idle_since is not None:  # not a byte of a request yet
+                self._close()
+            else:
+                self._refuse(408, f"the request head did not arrive within {clients.head_timeout_s:g} s")
+        elif self.body_since is not None and now - self.body_since > clients.body_timeout_s:
+            self._refuse(408, f"the request body stalled for more than {clients.body_timeout_s:g} s")
+
 
 def _content_length(headers: list[Header]) -> int:
     for name, value in headers:
@@ -400,13 +444,11 @@ class Server:
         handler: Handler,
         *,
         error_body: ErrorBody,
-        max_body_bytes: int,
-        keepalive_s: float = DEFAULT_KEEPALIVE_S,
+        clients: Clients,
     ) -> None:
         self.handler = handler
         self.error_body = error_body
-        self.max_body_bytes = max_body_bytes
-        self.keepalive_s = keepalive_s
+        self.clients = clients
         self.connections: set[_Connection] = set()
         self.closing = False
         self.loop = asyncio.get_running_loop()
@@ -445,18 +487,33 @@ class Server:
             except OSError as exc:  # EMFILE and friends: the next wake-up tries again
                 log.warning("accept failed: %s", exc)
                 return
+            if len(self.connections) + len(self._pending) >= self.clients.max_connections:
+                self._turn_away(conn)
+                continue
             conn.setblocking(False)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             task = self.loop.create_task(self.loop.connect_accepted_socket(lambda: _Connection(self), conn))
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
 
+    def _turn_away(self, conn: socket.socket) -> None:
+        """One connection over the limit: a 503 it can read (best effort, never blocking), then closed."""
+        message = f"the proxy has {self.clients.max_connections} client connections open, its limit; retry later"
+        body = self.error_body(503, message)
+        head = _status_line(503) + b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body)
+        with contextlib.suppress(OSError):
+            conn.setblocking(False)
+            conn.send(head + b"connection: close\r\n\r\n" + body)
+        conn.close()
+
     async def _sweep(self) -> None:
+        clients = self.clients
         while True:
-            await asyncio.sleep(min(5.0, self.keepalive_s / 2))
+            await asyncio.sleep(SWEEP_S)
             now = time.monotonic()
             for connection in list(self.connections):
-                connection.close_if_idle(now, self.keepalive_s)
+                connection.close_if_idle(now, clients.keepalive_s)
+                connection.time_out_reads(now, clients)
 
     async def stop(self, grace_s: float) -> None:
         """Stop accepting, close idle connections, let answers in progress finish for up to `grace_s`, then
@@ -472,7 +529,7 @@ class Server:
         while True:
             now = time.monotonic()
             for connection in list(self.connections):
-                connection.close_if_idle(now, self.keepalive_s)
+                connection.close_if_idle(now, self.clients.keepalive_s)
             if not self.connections or now >= deadline:
                 break
             await asyncio.sleep(0.05)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from epd_connectors.config.bundle import KVProtocol
+from epd_connectors.config.media import MediaAccess
 
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 """Seconds to open a TCP connection to a backend; a pod that takes longer is as good as down."""
@@ -35,6 +36,16 @@ DEFAULT_READMIT_AFTER = 1
 """Consecutive good probes that bring an evicted instance back."""
 DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
 """Largest request body accepted (bytes); inline base64 videos are big, unbounded bodies are an attack."""
+DEFAULT_HEAD_TIMEOUT_S = 10.0
+"""Seconds from a connection's or request's first byte to the end of its head (nginx's client_header_timeout
+idea): a head is a few hundred bytes, so a client that takes longer is stalled or hostile."""
+DEFAULT_BODY_TIMEOUT_S = 30.0
+"""Seconds the proxy waits for the next piece of a request body (nginx's client_body_timeout): a slow upload
+keeps going as long as it moves."""
+DEFAULT_KEEPALIVE_S = 75.0
+"""Seconds an idle client connection is kept: longer than the usual client pools' 60 s, so they close first."""
+DEFAULT_MAX_CONNECTIONS = 10_000
+"""Client connections open at once; one more is answered 503 and closed (each holds buffers and a parser)."""
 
 DEFAULT_CANARY_INTERVAL_S = 60.0
 """Seconds between canaries of a transfer path that works; 0 turns canaries off (see Canary.on)."""
@@ -68,7 +79,6 @@ class Limits:
     probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S
     evict_after: int = DEFAULT_EVICT_AFTER
     readmit_after: int = DEFAULT_READMIT_AFTER
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
     @property
     def probing(self) -> bool:
@@ -79,6 +89,17 @@ class Limits:
         a prober nothing readmits an instance a failed request took out of routing, so a serving proxy keeps
         probing."""
         return self.probe_interval_s > 0
+
+
+@dataclass(frozen=True)
+class Clients:
+    """What the proxy allows its clients: body size, how long a head or body may take, idle time, how many."""
+
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    head_timeout_s: float = DEFAULT_HEAD_TIMEOUT_S
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    keepalive_s: float = DEFAULT_KEEPALIVE_S
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
 
 
 @dataclass(frozen=True)
@@ -106,3 +127,6 @@ class ProxyOptions:
     """Route a media item by its uuid to the encoder that saw it before (consistent hashing)."""
     kv_protocol: KVProtocol = KVProtocol.PASSIVE
     canary: Canary = field(default_factory=Canary)
+    clients: Clients = field(default_factory=Clients)
+    media: MediaAccess = field(default_factory=MediaAccess)
+    """The media URLs a request may carry (the deployment's; any host when run by hand without a bundle)."""

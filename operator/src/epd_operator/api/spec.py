@@ -9,8 +9,9 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import ConfigDict, Field, field_validator
 
 from epd_connectors.config.base import Port
+from epd_connectors.config.media import HOST_NAME, MediaAccess
 from epd_operator.api import kube as k
-from epd_operator.api._base import ApiModel, EnvMap, LabelMap, PositiveQuantity, Resources
+from epd_operator.api._base import ApiModel, EnvMap, LabelMap, NodePath, PositiveQuantity, Resources
 from epd_operator.api._rules import Rule, RuledModel
 from epd_operator.api.model import HostPathSource, ModelSpec, PvcSource
 from epd_operator.api.store import StoreSpec
@@ -267,6 +268,50 @@ class ProxySpec(ApiModel):
     """Nodes for the proxy (e.g. CPU nodes beside the GPU pool)."""
 
 
+ANY_DOMAIN = "*"
+"""spec.media.allowedDomains entry for "any host" (vLLM without an allow-list)."""
+_DOMAIN = rf"^(\{ANY_DOMAIN}|{HOST_NAME.pattern[1:-1]})$"
+
+
+class MediaSpec(RuledModel):
+    """The media URLs the deployment's vLLM instances fetch besides inline (base64 data URL) media. vLLM fetches
+    an http(s) URL from inside the cluster, so by default it fetches none: list the hosts it may fetch from. The
+    proxy refuses any other URL with 400 before a backend sees it."""
+
+    RULES: ClassVar[tuple[Rule[MediaSpec], ...]] = (
+        Rule(
+            "spec.media.allowedDomains",
+            lambda s: ANY_DOMAIN not in s.allowed_domains or len(s.allowed_domains) == 1,
+            lambda s: s.allowed_domains,
+            f"'{ANY_DOMAIN}' (any host) stands alone",
+            f"list hosts, or give only '{ANY_DOMAIN}'",
+            cel=f"!self.allowedDomains.exists(d, d == '{ANY_DOMAIN}') || self.allowedDomains.size() == 1",
+        ),
+        Rule(
+            "spec.media.allowedLocalMediaPath",
+            lambda s: s.allowed_local_media_path is None or s.allowed_local_media_path.strip("/") != "",
+            lambda s: s.allowed_local_media_path,
+            "would let media URLs read every file of the container",
+            "name the directory of the media, e.g. /media",
+            cel="!has(self.allowedLocalMediaPath) || self.allowedLocalMediaPath.matches('[^/]')",
+        ),
+    )
+
+    allowed_domains: list[Annotated[str, Field(max_length=253, pattern=_DOMAIN)]] = Field(
+        default=[], max_length=k.MAP_MAX
+    )
+    """Hosts http(s) media URLs may name, exactly as written (vLLM --allowed-media-domains matches whole lower-case
+    host names, no wildcards); ["*"]: any host, including the cluster's own. Empty (the default): none."""
+    allowed_local_media_path: NodePath | None = None
+    """A directory in the vLLM containers whose files file:// media URLs may name (vLLM
+    --allowed-local-media-path); unset: no local files."""
+
+    @property
+    def access(self) -> MediaAccess:
+        domains = None if self.allowed_domains == [ANY_DOMAIN] else tuple(self.allowed_domains)
+        return MediaAccess(domains=domains, local_path=self.allowed_local_media_path)
+
+
 _STORE = "needs a Mooncake store"
 
 
@@ -380,6 +425,8 @@ class EPDDeploymentSpec(RuledModel):
     """Decode (or PD) instances."""
     proxy: ProxySpec = ProxySpec()
     """The proxy."""
+    media: MediaSpec = MediaSpec()
+    """The media URLs the deployment fetches (by default none: media come inline)."""
 
     @property
     def prefill_kv(self) -> PrefillKVSpec | None:

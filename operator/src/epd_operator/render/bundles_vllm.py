@@ -73,6 +73,7 @@ def server_config(ctx: Context, unit: Unit) -> VllmServerConfig:
             else None
         ),
         shutdown_timeout_s=c.VLLM_SHUTDOWN_TIMEOUT_S,
+        media=ctx.spec.media.access,
         extra_args=(*extra, *section.extra_args),
     )
 

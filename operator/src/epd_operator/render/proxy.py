@@ -71,6 +71,7 @@ def proxy_bundle(ctx: Context, units: list[Unit]) -> RoleBundle:
         discover=not ctx.site.network.static_roster,
         canary_interval_s=float(check.interval_seconds) if check.enabled else 0.0,
         canary_timeout_s=float(check.timeout_seconds),
+        media=ctx.spec.media.access,
         **ctx.bind_host,
     )
     return RoleBundle(

@@ -106,6 +106,8 @@ _BY_FIELD = {
     "within the pod's grace period",
     "ec_transfer_config": "choose spec.encoder.connector",
     "kv_transfer_config": "choose spec.prefill.kv.connector or spec.decode.kv",
+    "media.domains": "set spec.media.allowedDomains (the proxy checks media URLs against it too)",
+    "media.local_path": "set spec.media.allowedLocalMediaPath (the proxy checks file URLs against it too)",
     "extra_args": "list the arguments in extraArgs themselves",
 }
 _OWNED_BY = {flag: _BY_FIELD[field] for flag, field in OWNED_FLAGS.items()}

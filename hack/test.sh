@@ -3,8 +3,9 @@
 # run beside the set-up that waits on the network and the disk (apt, virtualenvs, images), and the images are
 # copied into the real node's containerd beside the first pytest run. Ends with the timeline (stages, the slowest
 # tests, the total), also when a stage fails; kept in .run/timeline.txt.
-# The pytest runs are three: the vllm tier beside the first, and e2e only once the control planes and Mooncake
-# processes of the first are gone; all always run (one CI pass reports every tier) and the run fails if any did.
+# The pytest runs are four: the tiers before e2e as two runs side by side (hack/tiers.sh), the vllm tier beside
+# them, and e2e only once the control planes and Mooncake processes of those are gone; all always run (one CI
+# pass reports every tier) and the run fails if any did.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 venv=${VENV:-.venv}
@@ -47,7 +48,7 @@ wait "$go_builds" || { rc=$?; echo "make test: the Go builds failed (rc $rc)" >&
 pytest=("$venv/bin/pytest")
 junit() { echo "--junitxml=.run/timeline/junit-$1.xml"; }
 export EPD_E2E_VENV=$venv_e2e EPD_VLLM033_VENV=$venv_vllm033
-# Beside the first run, which mostly waits on its control planes and Mooncake processes: the copy of the images
+# Beside the tiers, which mostly wait on their control planes and Mooncake processes: the copy of the images
 # into the node's containerd (the disk) and the vllm tier (vLLM's own parser in two subprocesses; its output is
 # printed once it is done).
 stage "images into the real node's containerd (beside the tiers)" -- "$venv/bin/python" -m epd_testenv.cli \
@@ -57,7 +58,7 @@ vllm_log=.run/timeline/vllm.log
 stage "pytest: vllm (rendered argv through both vLLMs, beside the tiers)" -- "${pytest[@]}" -p no:cacheprovider \
   --basetemp=.run/pytest-vllm -m vllm "$(junit vllm)" > "$vllm_log" 2>&1 &
 vllm_tier=$!
-stage "pytest: unit, proxy, store, cluster, images" -- "${pytest[@]}" -m "not e2e" "$(junit tiers)" || rc=$?
+stage "pytest: every tier but e2e (two runs side by side)" -- env PYTEST="${pytest[0]}" hack/tiers.sh || rc=$?
 wait "$vllm_tier" || rc=$?
 echo "---- pytest -m vllm (it ran beside the run above) ----"
 cat "$vllm_log"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,23 @@ def test_schema_is_structural_enough_for_the_api_server() -> None:
         assert "title" not in node or path.endswith(".properties"), path
         if "anyOf" in node:
             pytest.fail(f"{path}: anyOf is not structural")
+
+
+def test_a_rule_on_a_defaulted_object_reads_only_what_its_default_holds_or_checks_has_first() -> None:
+    """The API server evaluates an object's rules on its `{}` default, before nested defaults fill it, and refuses
+    the whole CRD when a rule reads a key the default lacks ("no such key")."""
+    schema = render_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    checked = 0
+    for path, node in _walk(schema):
+        default = node.get("default")
+        if not isinstance(default, dict):
+            continue
+        for rule in node.get("x-kubernetes-validations", []):  # type: ignore[attr-defined]
+            checked += 1
+            read = set(re.findall(r"self\.(\w+)\b(?!\()", rule["rule"]))  # fields, not macros such as self.all(
+            for field in read - set(default):
+                assert f"has(self.{field})" in rule["rule"], f"{path}: {rule['rule']!r} reads {field} unguarded"
+    assert checked, "no defaulted object carries a rule: the check checked nothing"
 
 
 def test_every_spec_field_has_a_description_for_kubectl_explain() -> None:

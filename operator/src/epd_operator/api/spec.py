@@ -285,7 +285,9 @@ class MediaSpec(RuledModel):
             lambda s: s.allowed_domains,
             f"'{ANY_DOMAIN}' (any host) stands alone",
             f"list hosts, or give only '{ANY_DOMAIN}'",
-            cel=f"!self.allowedDomains.exists(d, d == '{ANY_DOMAIN}') || self.allowedDomains.size() == 1",
+            # has(): the API server checks the rule on the field's `{}` default before nested defaults fill it.
+            cel=f"!has(self.allowedDomains) || !self.allowedDomains.exists(d, d == '{ANY_DOMAIN}') "
+            "|| self.allowedDomains.size() == 1",
         ),
         Rule(
             "spec.media.allowedLocalMediaPath",

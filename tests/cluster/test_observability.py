@@ -28,7 +28,7 @@ from epd_testenv import layout
 from tests.cluster.operator_fixtures import EPD_PATH, EXAMPLES, Kube, Operator, eventually, example, free_port
 from tests.cluster.test_chart_render import OPERATOR_CHART, one, template
 from tests.cluster.test_operator_lifecycle import create, ready
-from tests.proxy.harness import FAST, roster_of, serving
+from tests.proxy.harness import FAST, data_url, roster_of, serving
 from tests.proxy.stand_ins import StandIn, running
 from tests.store.conftest import Mooncake
 
@@ -156,7 +156,7 @@ async def _with_the_proxy(operator: Operator, master_metrics: str, requester: An
             async def describe(image: int) -> None:
                 content = [
                     {"type": "text", "text": "describe"},
-                    {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{image}"}},
+                    {"type": "image_url", "image_url": {"url": data_url(f"image {image}")}},
                 ]
                 body = {"model": "tiny", "messages": [{"role": "user", "content": content}]}
                 async with session.post(proxy + "/v1/chat/completions", json=body) as answer:

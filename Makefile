@@ -60,7 +60,7 @@ images-resolve-gpu: setup-python ## pip's resolver (dry run) over the GPU vLLM i
 test: ## set-up, lint, then every tier: unit, proxy, store, cluster, images, vLLM's own checks, then e2e (real vLLM, real pods on the real node; installs .venv-e2e ~6 GB and .venv-vllm033 5.5 GB); ends with the timeline (.run/timeline.txt)
 	@hack/test.sh
 
-test-fast: lint setup images-test ## lint, then every tier but e2e: unit, proxy, store (real Mooncake), cluster (real control plane), images (two pytest runs side by side)
+test-fast: lint setup images-test ## lint, then every tier but e2e: unit, proxy, store (real Mooncake), cluster (real control plane), images (three pytest runs side by side)
 	@PYTEST="$(PYTEST)" hack/tiers.sh
 
 test-unit: setup-python ## the quick pure tests only

@@ -3,7 +3,7 @@
 # run beside the set-up that waits on the network and the disk (apt, virtualenvs, images), and the images are
 # copied into the real node's containerd beside the first pytest run. Ends with the timeline (stages, the slowest
 # tests, the total), also when a stage fails; kept in .run/timeline.txt.
-# The pytest runs are four: the tiers before e2e as two runs side by side (hack/tiers.sh), the vllm tier beside
+# The pytest runs are five: the tiers before e2e as three runs side by side (hack/tiers.sh), the vllm tier beside
 # them, and e2e only once the control planes and Mooncake processes of those are gone; all always run (one CI
 # pass reports every tier) and the run fails if any did.
 set -uo pipefail
@@ -58,7 +58,7 @@ vllm_log=.run/timeline/vllm.log
 stage "pytest: vllm (rendered argv through both vLLMs, beside the tiers)" -- "${pytest[@]}" -p no:cacheprovider \
   --basetemp=.run/pytest-vllm -m vllm "$(junit vllm)" > "$vllm_log" 2>&1 &
 vllm_tier=$!
-stage "pytest: every tier but e2e (two runs side by side)" -- env PYTEST="${pytest[0]}" hack/tiers.sh || rc=$?
+stage "pytest: every tier but e2e (three runs side by side)" -- env PYTEST="${pytest[0]}" hack/tiers.sh || rc=$?
 wait "$vllm_tier" || rc=$?
 echo "---- pytest -m vllm (it ran beside the run above) ----"
 cat "$vllm_log"

@@ -65,6 +65,8 @@ def test_every_request_stays_within_the_newest_whole_revision_and_falls_back_to_
                 async with session.get(url + "/health") as response:
                     assert (await response.json())["modelRevision"] == NEW.revision
                 # The new set loses its only prefill: the old set is the only whole one, and takes everything.
+                # The stand-in answers /health 503 too, or the 0.2 s prober would mark it healthy again mid-test.
+                stand_ins["prefill-new"].health = 503
                 roster.get(Role.PREFILL, stand_ins["prefill-new"].url).healthy = False  # type: ignore[union-attr]
                 for stand_in in stand_ins.values():
                     stand_in.requests.clear()

@@ -109,9 +109,9 @@ def post(url: str, body: dict[str, Any], timeout_s: float = 120.0) -> bytes:
         return data
 
 
-def ask(endpoint: str, body: dict[str, Any]) -> Tokens:
+def ask(endpoint: str, body: dict[str, Any], timeout_s: float = 120.0) -> Tokens:
     """Through the proxy, streamed or not, as (text, tokens)."""
-    data = post(f"{endpoint}/v1/chat/completions", body)
+    data = post(f"{endpoint}/v1/chat/completions", body, timeout_s)
     if not body.get("stream"):
         return tokens(json.loads(data))
     events = []

@@ -76,6 +76,11 @@ OTHER_SEED = 2
 STORE_BACK_S = 300.0
 LEADER_S = 300.0
 """A master's lease (5 s) lapses, a candidate wins and warms up (5 s), the operator reads it (every 15 s)."""
+LOAD_CLIENT_TIMEOUT_S = 600.0
+"""How long the load's client waits for an answer: the OpenAI Python client's default. The proxy's own stage
+limits (300 s) are the authority on a request that takes too long, and its error names the stage; the load's
+slowest answer is a figure of its own. On 2 slow cores a roll's new set answers its first requests while old
+pods still serve and stop, and one answer took over 120 s (2026-12-05, AMD EPYC family 23)."""
 TRANSFER_S = 240.0
 """How long a path's break or repair may take to show in TransferReady: two failed canaries (10 s each, 5 s
 apart) after at most one interval (60 s), or one passing canary after the backoff, and the operator's next
@@ -103,6 +108,8 @@ class Load:
     last_ok: float = 0.0
     outage_s: float = 0.0
     """The longest time between two successful requests."""
+    slowest_s: float = 0.0
+    """The longest time one request took, answered or not."""
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
@@ -111,8 +118,9 @@ class Load:
             content = LOAD[self.sent % len(LOAD)]
             want = self.expected[self.sent % len(LOAD)]
             self.sent += 1
+            began = time.monotonic()
             try:
-                got = ask(self.epd.endpoint, chat(content))
+                got = ask(self.epd.endpoint, chat(content), LOAD_CLIENT_TIMEOUT_S)
             except urllib.error.HTTPError as error:  # the proxy's answer: its body names the stage and instance
                 self.failed.append(f"{time.strftime('%H:%M:%S')} {error}: {error.read()[:500]!r}")
                 time.sleep(0.5)
@@ -121,6 +129,8 @@ class Load:
                 self.failed.append(f"{time.strftime('%H:%M:%S')} {error}")
                 time.sleep(0.5)
                 continue
+            finally:
+                self.slowest_s = max(self.slowest_s, time.monotonic() - began)
             now = time.monotonic()
             self.outage_s = max(self.outage_s, now - self.last_ok)
             self.last_ok = now
@@ -130,6 +140,12 @@ class Load:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def report(self, label: str) -> None:
+        """Its figures in the timeline, under `label` (what the test changed)."""
+        TIMINGS.count(f"real pods: {label}: failed of {self.sent} requests", len(self.failed))
+        TIMINGS.add(f"real pods: {label}: longest gap between answers", self.outage_s)
+        TIMINGS.add(f"real pods: {label}: slowest request", self.slowest_s)
 
 
 @pytest.fixture
@@ -334,8 +350,7 @@ def test_a_deleted_decode_pod_is_replaced_and_traffic_recovers(epd: RealEPD, loa
     TIMINGS.add("real pods: decode pod deleted -> requests succeed again", time.monotonic() - began)
     epd.forget(Role.DECODE)
     load.stop()
-    TIMINGS.count(f"real pods: decode pod deleted: failed of {load.sent} requests", len(load.failed))
-    TIMINGS.add("real pods: decode pod deleted: longest gap between answers", load.outage_s)
+    load.report("decode pod deleted")
     assert not load.wrong, load.wrong
 
 
@@ -378,8 +393,7 @@ def test_the_leading_masters_pod_deleted_under_load_another_master_leads_and_req
     eventually(a_fresh_prompt_lands, "the new leader's store to take keys", STORE_BACK_S, poll_s=2)
     TIMINGS.add("real pods: leading master deleted -> the store takes keys again", time.monotonic() - began)
     load.stop()
-    TIMINGS.count(f"real pods: leading master deleted: failed of {load.sent} requests", len(load.failed))
-    TIMINGS.add("real pods: leading master deleted: longest gap between answers", load.outage_s)
+    load.report("leading master deleted")
     assert not load.failed and not load.wrong, (load.failed, load.wrong)
 
 
@@ -417,10 +431,9 @@ def test_a_new_model_takes_over_as_a_whole_set_and_no_answer_mixes_the_two_model
         epd.forget(role)
     by_model = [(load.expected[i], answers[i]) for i in range(len(LOAD))]
     mixed = [(i, got) for i, got in load.answers if got not in by_model[i]]
-    TIMINGS.count(f"real pods: two-model roll under load: failed of {load.sent} requests", len(load.failed))
+    load.report("two-model roll under load")
     TIMINGS.count("real pods: two-model roll under load: answers matching neither model", len(mixed))
     TIMINGS.count("real pods: two-model roll under load: answers by the second model", by_the_second_model())
-    TIMINGS.add("real pods: two-model roll under load: longest gap between answers", load.outage_s)
     assert not load.failed and not mixed, (load.failed, mixed)
     assert by_the_second_model() < len(load.answers), "both models answered while the load ran"
 

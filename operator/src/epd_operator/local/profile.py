@@ -20,6 +20,7 @@ KV_CACHE_ENV: Final = "VLLM_CPU_KVCACHE_SPACE"
 
 CPU_VLLM_ENV: Final = {
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "OMP_NUM_THREADS": "1",
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     "VLLM_NO_USAGE_STATS": "1",
@@ -27,8 +28,10 @@ CPU_VLLM_ENV: Final = {
     "TOKENIZERS_PARALLELISM": "false",
     "PYTHONFAULTHANDLER": "1",
 }
-"""Threads not pinned (instances share the cores), no model hub, no usage reports, and a Python traceback in the
-log when a process dies of a signal (a kernel's SIGILL or SIGSEGV; local.failures reads that line). No
+"""Threads not pinned and one OpenMP thread per instance: instances share the cores, and a team of two waits at
+every barrier for a thread whose core another instance holds (bench/omp_threads: four busy processes on 2 cores
+made about ten times the steps with one thread each). No model hub, no usage reports, and a Python traceback in
+the log when a process dies of a signal (a kernel's SIGILL or SIGSEGV; local.failures reads that line). No
 VLLM_CPU_KVCACHE_SPACE: the KV size comes from LocalProfile.kv_cache_bytes, which that variable would override."""
 
 

@@ -100,7 +100,11 @@ def stream_tokens(events: list[dict[str, Any]]) -> Tokens:
     return content, toks
 
 
-def post(url: str, body: dict[str, Any], timeout_s: float = 120.0) -> bytes:
+REQUEST_TIMEOUT_S = 120.0
+"""How long a test's request waits for the proxy's answer unless the test says otherwise."""
+
+
+def post(url: str, body: dict[str, Any], timeout_s: float = REQUEST_TIMEOUT_S) -> bytes:
     request = urllib.request.Request(
         url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
     )
@@ -109,7 +113,7 @@ def post(url: str, body: dict[str, Any], timeout_s: float = 120.0) -> bytes:
         return data
 
 
-def ask(endpoint: str, body: dict[str, Any], timeout_s: float = 120.0) -> Tokens:
+def ask(endpoint: str, body: dict[str, Any], timeout_s: float = REQUEST_TIMEOUT_S) -> Tokens:
     """Through the proxy, streamed or not, as (text, tokens)."""
     data = post(f"{endpoint}/v1/chat/completions", body, timeout_s)
     if not body.get("stream"):

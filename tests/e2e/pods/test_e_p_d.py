@@ -119,19 +119,19 @@ class Load:
             want = self.expected[self.sent % len(LOAD)]
             self.sent += 1
             began = time.monotonic()
+            failure = None
             try:
                 got = ask(self.epd.endpoint, chat(content), LOAD_CLIENT_TIMEOUT_S)
             except urllib.error.HTTPError as error:  # the proxy's answer: its body names the stage and instance
-                self.failed.append(f"{time.strftime('%H:%M:%S')} {error}: {error.read()[:500]!r}")
-                time.sleep(0.5)
-                continue
+                failure = f"{error}: {error.read()[:500]!r}"
             except (urllib.error.URLError, OSError, json.JSONDecodeError) as error:
-                self.failed.append(f"{time.strftime('%H:%M:%S')} {error}")
+                failure = str(error)
+            now = time.monotonic()
+            self.slowest_s = max(self.slowest_s, now - began)
+            if failure is not None:
+                self.failed.append(f"{time.strftime('%H:%M:%S')} {failure}")
                 time.sleep(0.5)
                 continue
-            finally:
-                self.slowest_s = max(self.slowest_s, time.monotonic() - began)
-            now = time.monotonic()
             self.outage_s = max(self.outage_s, now - self.last_ok)
             self.last_ok = now
             self.answers.append(((self.sent - 1) % len(LOAD), got))

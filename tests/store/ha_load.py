@@ -2,8 +2,8 @@
 its leader watch, Mooncake 0.3.13, so it ends with os._exit).
 
 argv: CONFIG (the model as JSON, cluster_id included) SECONDS. Sets MC_STORE_CLUSTER_ID as epd-launch does,
-puts one key it reads again at the end ("kept" or "lost"), then puts and reads back 64 KiB values in a loop, one
-JSON line per round trip.
+puts one key it reads again at the end ("kept" or "lost"), prints when its loop began (time.monotonic(), one clock
+for every process on Linux), then puts and reads back 64 KiB values in a loop, one JSON line per round trip.
 """
 
 import json
@@ -19,8 +19,8 @@ config = MooncakeStoreConfig.model_validate_json(Path(sys.argv[1]).read_text())
 os.environ.update(config.env())
 store = store_probe.open_store(config, "127.0.0.1")
 store_probe.probe(store, "ha-load/before", b"b" * 4096)
-print(json.dumps({"started": True}), flush=True)
 began = time.monotonic()
+print(json.dumps({"started": began}), flush=True)
 until = began + float(sys.argv[2])
 n = 0
 while time.monotonic() < until:

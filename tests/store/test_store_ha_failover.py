@@ -8,8 +8,9 @@ the leader is killed or stopped (SIGTERM alike: an exiting master does not give 
 runs out, then a 5 s warm-up) and the store client has mounted
 its segment on it ~0.7 s later. Of ~600 round trips, the one in flight when the leader died fails with -900
 (master unreachable), those sent while no master serves wait and succeed, and those sent in the 0.7 s before the
-segment is back fail at once with -200 (no space: the new leader has no segment yet), about 13. A key stored
-before the failover is gone after it (no oplog).
+segment is back fail at once with -200 (no space: the new leader has no segment yet), about 13. An exiting master
+may answer the round trip in flight at SIGTERM with -704 (object not found) instead. A key stored before the
+failover is gone after it (no oplog).
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def test_the_standby_takes_over_under_load_and_the_clients_follow_it(mooncake: M
         text=True,
     )
     assert load.stdout is not None
-    assert json.loads(load.stdout.readline()) == {"started": True}
+    began = json.loads(load.stdout.readline())["started"]
     time.sleep(KILL_AFTER_S)
     killed = time.monotonic()
     leader.process.popen.send_signal(getattr(signal, signal_name))
@@ -114,18 +115,19 @@ def test_the_standby_takes_over_under_load_and_the_clients_follow_it(mooncake: M
     failed = [t for t in trips if t["error"]]
     recovered_at = KILL_AFTER_S + remount_s + SETTLED_S
     settled = [t for t in trips if t["t"] >= recovered_at]
-    unreachable = [t for t in failed if MASTER_UNREACHABLE in t["error"]]
+    signalled_at = killed - began
+    died_under = [t for t in failed if MASTER_UNREACHABLE in t["error"] or t["t"] <= signalled_at <= t["t"] + t["s"]]
     no_segment = [t for t in failed if NO_SPACE in t["error"]]
     print(
         f"\nHA failover after {signal_name}: the standby serves {failover_s:.1f} s after the signal, the store "
         f"client's segment is mounted on it at {remount_s:.1f} s; {len(failed)} of {len(trips)} round trips failed: "
-        f"{len(unreachable)} with -900 (in flight at the kill), {len(no_segment)} with -200 (sent between the "
-        "new leader serving and the segment's remount)"
+        f"{len(died_under)} in flight at the signal or -900, {len(no_segment)} with -200 (sent between the new "
+        "leader serving and the segment's remount)"
     )
     assert len(settled) >= 20 and not [t for t in settled if t["error"]], settled[:5]
     # Every failure is explained: the master died under it, or the new leader had no segment yet.
-    assert unreachable + no_segment == failed, failed
-    assert len(unreachable) <= 2 and all(t["t"] < recovered_at for t in failed), failed
+    assert [t for t in failed if t not in died_under + no_segment] == [], failed
+    assert len(died_under) <= 2 and all(t["t"] < recovered_at for t in failed), failed
     assert lines[-1] == {"before": "lost"}  # a new leader starts empty: no oplog
 
 

@@ -247,7 +247,7 @@ def ready(request: pytest.FixtureRequest, it: Applied) -> Iterator[RealEPD]:
     """The applied example once Ready, its proxy forwarded; the tail of every pod's log when a test failed."""
     say = progress(request.config)
     epd = it.epd
-    eventually(lambda: is_ready(epd.get()), f"{it.label} Ready on the real node", READY_TIMEOUT_S, poll_s=2)
+    eventually(lambda: ready_or_why(epd.get()), f"{it.label} Ready on the real node", READY_TIMEOUT_S, poll_s=2)
     TIMINGS.add(f"{it.label} on real pods: applied to Ready", time.monotonic() - it.began)
     say(f"{it.label}: Ready on real pods in {time.monotonic() - it.began:.0f} s")
     with epd.forwards:
@@ -306,3 +306,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def is_ready(obj: dict[str, Any]) -> bool:
     ready = condition(obj, "Ready")
     return ready is not None and ready.get("status") == "True"
+
+
+def ready_or_why(obj: dict[str, Any]) -> bool:
+    """True once Ready; else raises with the Ready condition's reason and message, which a timed-out wait shows
+    (the operator's own account: a transfer path failing its canaries names the pair and the address)."""
+    if is_ready(obj):
+        return True
+    ready = condition(obj, "Ready") or {}
+    raise AssertionError(f"not Ready: {ready.get('reason')}: {ready.get('message')}")

@@ -47,8 +47,9 @@ HERE = Path(__file__).resolve().parent
 GIB = 1024**3
 STARTED = time.monotonic()
 
-GPU_VLLM_ENV = {key: value for key, value in profile.CPU_VLLM_ENV.items() if not key.startswith("VLLM_CPU_")}
-"""The local profile's env less its CPU settings: no hub, no usage reports, a traceback on a fatal signal."""
+GPU_VLLM_ENV = dict(profile.QUIET_VLLM_ENV)
+"""The local profile's env less its CPU settings (threads, no torch.compile): no hub, no usage reports, a
+traceback on a fatal signal."""
 
 
 def gpu_profile(kv_cache_bytes: int, *, enforce_eager: bool) -> LocalProfile:

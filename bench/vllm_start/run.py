@@ -4,9 +4,9 @@
 function (vllm/v1/sample/ops/logprobs.py, the CPU platform's simple_compile_backend "inductor"): its first run
 generates C++ and builds it with g++, into TorchInductor's cache. Local instances of one user share that cache
 (/tmp/torchinductor_<user>); every new pod starts with an empty one. Each round starts the server (the local
-profile's environment, a fresh inductor cache) twice, TORCHDYNAMO_DISABLE unset and =1, and prints the seconds
-until /health answers and until the first greedy chat with logprobs is answered, the files TorchInductor wrote,
-and whether the two answered the same tokens.
+profile's environment, a fresh inductor cache) twice, TORCHDYNAMO_DISABLE unset (compile) and =1 (the profile's),
+and prints the seconds until /health answers and until the first greedy chat with logprobs is answered, the files
+TorchInductor wrote, and whether the two answered the same tokens.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def start_and_ask(
     inductor = workdir / "inductor"
     env = {
         **os.environ,
-        **CPU_VLLM_ENV,
+        **{key: value for key, value in CPU_VLLM_ENV.items() if key != "TORCHDYNAMO_DISABLE"},
         **extra_env,
         "TORCHINDUCTOR_CACHE_DIR": str(inductor),
         "VLLM_CACHE_ROOT": str(workdir / "vllm-cache"),

@@ -115,6 +115,7 @@ def test_the_local_example_uses_the_model_folder_and_a_shared_folder_of_the_work
         assert "VLLM_CPU_KVCACHE_SPACE" not in bundle.env  # it would override --kv-cache-memory-bytes
         assert bundle.env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
         assert bundle.env["OMP_NUM_THREADS"] == "1"
+        assert bundle.env["TORCHDYNAMO_DISABLE"] == "1"
         assert bundle.env["HF_HUB_OFFLINE"] == "1"
 
 

@@ -18,9 +18,7 @@ KV_CACHE_FLAG: Final = "--kv-cache-memory-bytes"
 KV_CACHE_ENV: Final = "VLLM_CPU_KVCACHE_SPACE"
 """The CPU build's KV size in whole GiB; when set it overrides KV_CACHE_FLAG, so the profile leaves it out."""
 
-CPU_VLLM_ENV: Final = {
-    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-    "OMP_NUM_THREADS": "1",
+QUIET_VLLM_ENV: Final = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     "VLLM_NO_USAGE_STATS": "1",
@@ -28,11 +26,22 @@ CPU_VLLM_ENV: Final = {
     "TOKENIZERS_PARALLELISM": "false",
     "PYTHONFAULTHANDLER": "1",
 }
+"""On any machine: no model hub, no usage reports, and a Python traceback in the log when a process dies of a
+signal (a kernel's SIGILL or SIGSEGV; local.failures reads that line)."""
+
+CPU_VLLM_ENV: Final = {
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "OMP_NUM_THREADS": "1",
+    "TORCHDYNAMO_DISABLE": "1",
+    **QUIET_VLLM_ENV,
+}
 """Threads not pinned and one OpenMP thread per instance: instances share the cores, and a team of two waits at
 every barrier for a thread whose core another instance holds (bench/omp_threads: four busy processes on 2 cores
-made about ten times the steps with one thread each). No model hub, no usage reports, and a Python traceback in
-the log when a process dies of a signal (a kernel's SIGILL or SIGSEGV; local.failures reads that line). No
-VLLM_CPU_KVCACHE_SPACE: the KV size comes from LocalProfile.kv_cache_bytes, which that variable would override."""
+made about ten times the steps with one thread each). No torch.compile at all: --enforce-eager still leaves the
+sampler's logprobs op to inductor, built with g++ at the first request that asks for logprobs, which held a new
+decode pod's engine for 2.5 minutes on a busy node (a pod has no warm TorchInductor cache; bench/vllm_start: the
+same tokens either way). No VLLM_CPU_KVCACHE_SPACE: the KV size comes from LocalProfile.kv_cache_bytes, which
+that variable would override."""
 
 
 @dataclass(frozen=True)

@@ -423,7 +423,8 @@ def test_a_fresh_prompt_lands_in_the_store_under_the_deployments_prefix(epd: Loc
     encoder_before = total(epd.metrics(Role.ENCODER), "vllm:request_success_total")
     ask(epd.plan.endpoint, chat([image(11), text(LONG_QUESTION)]))
     assert len(new_store_keys(epd, keys_before)) >= 2, "a prompt of several full blocks stored fewer than two"
-    assert total(epd.metrics(Role.ENCODER), "vllm:request_success_total") - encoder_before == 1
+    # At least: a transfer canary of the proxy (one a minute per path) may reach the encoder meanwhile.
+    assert total(epd.metrics(Role.ENCODER), "vllm:request_success_total") - encoder_before >= 1
 
 
 def test_the_cpu_workarounds_were_applied_where_they_are_needed(epd: LocalEPD) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,17 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from epd_operator.local.profile import CPU_VLLM_ENV
+from epd_testenv.process import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_MODEL_SCRIPT = ROOT / "tools" / "tinymodel" / "make_tiny_qwen2vl.py"
 START_TIMEOUT_S = 900.0
 MODES: dict[str, dict[str, str]] = {"compile": {}, "TORCHDYNAMO_DISABLE=1": {"TORCHDYNAMO_DISABLE": "1"}}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def chat(port: int) -> list[str]:
@@ -78,7 +72,7 @@ def start_and_ask(
         "TORCHINDUCTOR_CACHE_DIR": str(inductor),
         "VLLM_CACHE_ROOT": str(workdir / "vllm-cache"),
     }
-    port = free_port()
+    port = free_ports(1)[0]
     argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
     argv += ["--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16"]
     argv += ["--block-size", "32", "--enforce-eager", "--max-model-len", "2048", "--seed", "0"]

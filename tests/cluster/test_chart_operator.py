@@ -49,7 +49,9 @@ RELEASE = "epd"
 FULLNAME = f"{RELEASE}-epd-operator"
 """The chart's full name for this release (also its ServiceAccount, Deployment and peering name)."""
 REFUSED = re.compile(r"\b403\b|Forbidden|forbidden|Not enough permissions")
-"""What kopf or our client log when the API server refuses a request (403 as a word: timestamps hold digits)."""
+"""What kopf or our client log when the API server refuses a request."""
+LOG_STAMP = re.compile(r"^\[[^\]]*\]")
+"""kopf's `[2026-12-06 05:03:40,403]` line prefix: its milliseconds can read 403."""
 
 
 # -- helm and namespaces
@@ -178,7 +180,13 @@ def posted_events(kube: Kube, namespace: str) -> list[str]:
 
 
 def refusals(log: str) -> list[str]:
-    return [line for line in log.splitlines() if REFUSED.search(line)]
+    return [line for line in log.splitlines() if REFUSED.search(LOG_STAMP.sub("", line, count=1))]
+
+
+def test_a_log_line_stamped_at_403_milliseconds_is_no_refusal() -> None:
+    stamped = "[2026-12-06 05:03:40,403] kopf.activities.auth [INFO    ] Activity 'login' succeeded."
+    refused = "[2026-12-06 05:03:41,001] kopf.objects [ERROR   ] Request failed: (403) Forbidden"
+    assert refusals(f"{stamped}\n{refused}") == [refused]
 
 
 Access = tuple[str, str, str, str]

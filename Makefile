@@ -31,18 +31,20 @@ setup-python: ## .venv with both packages editable and the test tools
 setup-k8s-tools: ## build the pinned control-plane binaries into .cache/bin (only when a version changes)
 	@hack/build-k8s-tools.sh $(BIN_DIR)
 
-lint: setup-python ## ruff, mypy and the import layers
+lint: setup-python ## ruff, mypy, the import layers and the CRD reference's freshness
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+	$(PY) -m epd_operator.api.reference --check docs/crd-reference.md
 
 fmt: setup-python ## format the code
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-crds: setup-python ## regenerate crds/ from the API models, and the deployment chart's values schema from the CRD
+crds: setup-python ## regenerate crds/ and docs/crd-reference.md from the API models, and the deployment chart's values schema from the CRD
 	$(PY) -m epd_operator.api > crds/epddeployments.yaml
+	$(PY) -m epd_operator.api.reference > docs/crd-reference.md
 	$(PY) -m tests.unit.packaging.deployment_schema
 
 images: ## build every image of images/, both flavours (Docker if its engine answers, else buildah: no daemon)

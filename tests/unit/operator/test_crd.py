@@ -11,16 +11,41 @@ import yaml
 from epd_operator.api import kube
 from epd_operator.api.__main__ import crd_yaml
 from epd_operator.api.crd import render_crd
+from epd_operator.api.reference import main as reference_main
+from epd_operator.api.reference import render_reference
 from epd_operator.api.resource import OperatorDefaults, Owner, parse_spec
 from epd_operator.render import render_desired
 
 pytestmark = pytest.mark.unit
 
 CRD_FILE = Path(__file__).resolve().parents[3] / "crds" / "epddeployments.yaml"
+REFERENCE_FILE = Path(__file__).resolve().parents[3] / "docs" / "crd-reference.md"
 
 
 def test_committed_crd_equals_the_generated_one() -> None:
     assert CRD_FILE.read_text() == crd_yaml(), "crds/ is stale: run `make crds` and commit the result"
+
+
+def test_the_crd_reference_is_fresh_and_the_lint_check_fails_a_stale_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert reference_main(["--check", str(REFERENCE_FILE)]) == 0, "docs/crd-reference.md is stale: run `make crds`"
+    stale = tmp_path / "crd-reference.md"
+    stale.write_text(REFERENCE_FILE.read_text().replace("Weights revision", "Weight revision"))
+    assert reference_main(["--check", str(stale)]) == 1
+    assert "run `make crds`" in capsys.readouterr().err
+
+
+def test_the_crd_reference_names_every_spec_field_and_every_operator_only_rule() -> None:
+    page = render_reference()
+    schema = render_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    for path, node in _walk(schema):
+        if path.endswith(".properties"):
+            section = "spec" + path.removesuffix(".properties").replace(".properties.", ".").replace(".items", "[]")
+            assert f"## `{section}`" in page, section
+            for name in node:
+                assert f"| `{name}`" in page, f"{section}.{name}"
+    assert "| `spec.model.mmProcessorCacheGB` | cross-encoder reuse needs the processor cache |" in page
 
 
 def _walk(node: object, path: str = "") -> list[tuple[str, dict[str, object]]]:

@@ -460,8 +460,9 @@ def test_without_the_charts_rbac_the_same_operator_is_refused(
         env.uninstall(system_namespace)
 
 
-def test_upgrade_as_the_readme_says(env: Env, system_namespace: str) -> None:
-    """README's upgrade: the CRDs applied from the chart (helm never upgrades crds/), then helm upgrade."""
+def test_upgrade_as_the_install_guide_says(env: Env, system_namespace: str) -> None:
+    """docs/install-gpu-cluster.md's upgrade: the CRDs applied from the chart (helm never upgrades crds/), then
+    helm upgrade."""
     kube = env.kube
     env.install(system_namespace)
     try:

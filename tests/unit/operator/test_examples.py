@@ -77,6 +77,13 @@ def test_example_matches_its_golden_file(path: Path) -> None:
         pytest.fail(f"{path.name} renders differently from {golden.name} (UPDATE_GOLDEN=1 to accept):\n{diff}")
 
 
+def test_the_readmes_example_renders_consistent_bundles(tmp_path: Path) -> None:
+    readme = (ROOT / "README.md").read_text()
+    manifest = readme.split("```yaml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "readme.yaml").write_text(manifest)
+    test_every_example_renders_consistent_bundles(tmp_path / "readme.yaml")
+
+
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_every_example_renders_consistent_bundles(path: Path) -> None:
     doc: dict[str, Any] = yaml.safe_load(path.read_text())

@@ -32,7 +32,7 @@ from epd_connectors.proxy.errors import (
     BadRequestError,
     NoInstanceError,
     ProxyError,
-    from_client_error,
+    unexpected,
 )
 from epd_connectors.proxy.flow import Answer, ClientRequest, Flow
 from epd_connectors.proxy.health import Prober
@@ -192,9 +192,7 @@ class ProxyApp:
         self, request: ClientRequest, reply: Reply, answer: Answer | None, exc: Exception
     ) -> None:
         """The error answer, or the error event that ends a stream already under way."""
-        error = (
-            exc if isinstance(exc, ProxyError) else from_client_error(exc, "decode", answer.instance if answer else "")
-        )
+        error = exc if isinstance(exc, ProxyError) else unexpected(exc, answer.instance if answer else request.path)
         if isinstance(exc, TimeoutError):
             error = ProxyError(f"the request took longer than {self.options.timeouts.total} s")
             error.status, error.kind = 504, "timeout"

@@ -1,6 +1,7 @@
 """Talking HTTP to vLLM instances: pooled keep-alive connections, JSON in and out, errors mapped at the edge.
 
-Each call raises only the proxy's own errors (`errors.from_client_error`): 5xx and unreachable instances are
+Each call, and each read of an answer's body, raises only the proxy's own errors: this module is the one place
+that maps the HTTP client's (`errors.from_client_error`). 5xx and unreachable instances are
 `BackendUnavailableError` (retryable), 4xx `BackendRejectedError` (the client's fault, passed through). Pooled
 connections are retired before vLLM's own 5 s idle limit, so a reused socket is rarely one the server has
 already closed (and `http1` resends once when it was).
@@ -8,7 +9,7 @@ already closed (and `http1` resends once when it was).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import orjson
@@ -41,6 +42,31 @@ def backend_message(payload: bytes, limit: int = 500) -> str:
     return text[:limit]
 
 
+class BackendResponse:
+    """A 2xx answer whose body is still to come; reading it raises only the proxy's errors."""
+
+    def __init__(self, response: Response, role: str) -> None:
+        self._response, self._role = response, role
+        self.url, self.status, self.content_type = response.url, response.status, response.content_type
+
+    async def read(self) -> bytes:
+        try:
+            return await self._response.read()
+        except Exception as exc:
+            raise from_client_error(exc, self._role, self.url) from exc
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives (see `http1.Response.chunks`)."""
+        try:
+            async for chunk in self._response.chunks():
+                yield chunk
+        except Exception as exc:
+            raise from_client_error(exc, self._role, self.url) from exc
+
+    def release(self) -> None:
+        self._response.release()
+
+
 class Backend:
     """The proxy's HTTP client; `start` in the app's lifespan, `close` at its end."""
 
@@ -64,7 +90,7 @@ class Backend:
 
     async def open(
         self, url: str, body: Mapping[str, Any] | bytes, *, role: str, headers: Mapping[str, str] | None = None
-    ) -> Response:
+    ) -> BackendResponse:
         """POST JSON (an object, or bytes already serialized) and return the response once its headers arrived
         with a 2xx status; the caller releases it.
 
@@ -77,7 +103,7 @@ class Backend:
         except Exception as exc:
             raise from_client_error(exc, role, url) from exc
         if response.status < 400:
-            return response
+            return BackendResponse(response, role)
         try:
             payload = await response.read()
         except Exception as exc:
@@ -96,8 +122,6 @@ class Backend:
         response = await self.open(url, body, role=role, headers=headers)
         try:
             data = await response.read()
-        except Exception as exc:
-            raise from_client_error(exc, role, url) from exc
         finally:
             response.release()
         try:

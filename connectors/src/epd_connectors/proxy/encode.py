@@ -25,7 +25,7 @@ from epd_connectors.proxy.errors import (
     ProxyError,
     StageTimeoutError,
     answered_5xx,
-    from_client_error,
+    unexpected,
 )
 from epd_connectors.proxy.media import MediaItem, fetched_url
 from epd_connectors.proxy.metrics import ProxyMetrics
@@ -125,7 +125,7 @@ class EncodeStage:
         """Our error for a failed batch; re-raised at once unless another encoder may do better."""
         if not isinstance(exc, Exception):
             raise exc  # cancelled: the client went away
-        error = from_client_error(exc, "encoder", batch.encoder)
+        error = exc if isinstance(exc, ProxyError) else unexpected(exc, f"encoder {batch.encoder}")
         record_failure(self._roster.get(ROLE, batch.encoder), error, self._metrics, self._options.limits.evict_after)
         if not error.retryable and not isinstance(error, StageTimeoutError):
             raise error

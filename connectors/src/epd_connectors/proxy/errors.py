@@ -94,8 +94,15 @@ def answered_5xx(error: ProxyError) -> bool:
     return isinstance(error, BackendUnavailableError) and not error.unreachable and error.__cause__ is None
 
 
+def unexpected(exc: Exception, where: str) -> ProxyError:
+    """A 500 for an exception that is none of ours: the backend maps every failure of the HTTP client, so this
+    is a defect of the proxy itself (or of what it was given), never retried on another instance."""
+    return ProxyError(f"{where}: {type(exc).__name__}: {exc}")
+
+
 def from_client_error(exc: BaseException, role: str, url: str) -> ProxyError:
-    """Our error for an exception raised while talking to `url` (a `role` instance)."""
+    """Our error for an exception raised while talking to `url` (a `role` instance); called only by `backend`,
+    the proxy's one HTTP edge."""
     if isinstance(exc, ProxyError):
         return exc
     if isinstance(exc, ConnectError | ConnectionRefusedError | socket.gaierror):

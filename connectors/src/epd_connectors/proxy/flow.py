@@ -23,7 +23,7 @@ from typing import Any, NamedTuple, TypeVar
 from epd_connectors.config.bundle import KVProtocol
 from epd_connectors.config.roles import Role
 from epd_connectors.proxy import kv, routing
-from epd_connectors.proxy.backend import Backend, loads
+from epd_connectors.proxy.backend import Backend, BackendResponse, loads
 from epd_connectors.proxy.deadlines import Deadlines
 from epd_connectors.proxy.encode import EncodeStage, record_failure
 from epd_connectors.proxy.errors import (
@@ -31,9 +31,7 @@ from epd_connectors.proxy.errors import (
     NoInstanceError,
     ProxyError,
     StageTimeoutError,
-    from_client_error,
 )
-from epd_connectors.proxy.http1 import Response
 from epd_connectors.proxy.media import MediaItem, find_media
 from epd_connectors.proxy.metrics import ProxyMetrics
 from epd_connectors.proxy.rewrite import consumer_body, new_transfer_id, with_uuids
@@ -351,7 +349,7 @@ class Flow:
     ) -> Answer:
         """Send to the decode/PD instance and wait for the first byte (streams) or the whole answer."""
         instance.outstanding += 1
-        response: Response | None = None
+        response: BackendResponse | None = None
 
         def release() -> None:
             instance.outstanding -= 1
@@ -375,8 +373,6 @@ class Flow:
             release()
             if isinstance(exc, TimeoutError):
                 raise StageTimeoutError(f"{instance.role.value} {instance.url} sent nothing for {limit} s") from exc
-            if isinstance(exc, Exception) and not isinstance(exc, ProxyError):
-                raise from_client_error(exc, instance.role.value, instance.url) from exc
             raise
         self.metrics.observe_stage("first_token", time.perf_counter() - started)
         chunks = _rest(body_chunks, response.url, limit, self.deadlines) if request.stream else None

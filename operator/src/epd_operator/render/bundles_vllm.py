@@ -15,7 +15,6 @@ from epd_connectors.config.roles import VLLM_ROLES, Role
 from epd_connectors.config.vllm import VllmServerConfig
 from epd_operator.api import constants as c
 from epd_operator.api.spec import DecodeSpec, EncoderSpec, PrefillSpec
-from epd_operator.derive import ports
 from epd_operator.render import transfer
 from epd_operator.render.bundles_store import master_peers
 from epd_operator.render.context import Context, Unit
@@ -56,7 +55,7 @@ def server_config(ctx: Context, unit: Unit) -> VllmServerConfig:
         role=role,
         model=model_path(ctx),
         served_model_name=model.served_model_name or model.name,
-        port=ctx.port(unit.name, ports.HTTP, ports.VLLM_HTTP_PORT),
+        port=ctx.vllm_http_port(unit),
         **ctx.bind_host,
         dtype=model.dtype,
         tensor_parallel_size=unit.tensor_parallel_size,
@@ -67,11 +66,7 @@ def server_config(ctx: Context, unit: Unit) -> VllmServerConfig:
         # Cross-encoder reuse needs Model Runner V2 (facts.md); elsewhere vLLM chooses.
         use_v2_model_runner=True if cross_encoder else None,
         python_hash_seed=ctx.hash_seed,
-        mooncake_bootstrap_port=(
-            ctx.port(unit.name, ports.BOOTSTRAP, ports.KV_BOOTSTRAP_PORT)
-            if transfer.runs_bootstrap_server(ctx, unit.role)
-            else None
-        ),
+        mooncake_bootstrap_port=(ctx.bootstrap_port(unit) if transfer.runs_bootstrap_server(ctx, unit.role) else None),
         shutdown_timeout_s=c.VLLM_SHUTDOWN_TIMEOUT_S,
         media=ctx.spec.media.access,
         extra_args=(*extra, *section.extra_args),

@@ -13,7 +13,7 @@ from epd_connectors.config.bundle import POD_IP_PLACEHOLDER
 from epd_connectors.config.roles import Role
 from epd_operator.api.resource import OperatorDefaults, Owner
 from epd_operator.api.spec import EPDDeploymentSpec
-from epd_operator.derive import identity, parallel
+from epd_operator.derive import identity, parallel, ports
 from epd_operator.derive import site as sites
 from epd_operator.derive.names import MAIN_POOL, Names
 
@@ -72,6 +72,19 @@ class Context:
     def port(self, workload: str, name: str, default: int) -> int:
         """The workload's port called `name` (derive.ports) on this site: `default` in a cluster."""
         return self.site.network.port(workload, name, default)
+
+    def vllm_http_port(self, unit: Unit) -> int:
+        """A vLLM unit's OpenAI server: what the proxy calls and what the server binds."""
+        return self.port(unit.name, ports.HTTP, ports.VLLM_HTTP_PORT)
+
+    def ec_port(self, unit: Unit) -> int:
+        """An EC consumer's control port of TP rank 0: what it binds (ec_port) and where the proxy tells the
+        encoders to push."""
+        return self.port(unit.name, ports.ec_port_name(0), ports.EC_CONTROL_PORT)
+
+    def bootstrap_port(self, unit: Unit) -> int:
+        """A prefill's MooncakeConnector bootstrap server: what it binds and where decodes find it."""
+        return self.port(unit.name, ports.BOOTSTRAP, ports.KV_BOOTSTRAP_PORT)
 
     @property
     def bind_host(self) -> dict[str, str]:

@@ -43,19 +43,19 @@ def proxy_bundle(ctx: Context, units: list[Unit]) -> RoleBundle:
         return ctx.names.host(unit.name)
 
     def http_port(unit: Unit) -> int:
-        return ctx.port(unit.name, ports.HTTP, ports.VLLM_HTTP_PORT)
+        return ctx.vllm_http_port(unit)
 
     def ec(unit: Unit) -> ECControl | None:
         # The proxy tells each encoder which consumer pod to push to: pod IP + the control port of its TP rank 0,
         # which depends on the pool's TP size (DP is 1 per pod).
         if not ctx.spec.encoder.pushes_embeddings or unit.role != consumer_role:
             return None
-        port = ctx.port(unit.name, ports.ec_port_name(0), ports.EC_CONTROL_PORT)
+        port = ctx.ec_port(unit)
         return ECControl(port=port, tensor_parallel_size=unit.tensor_parallel_size)
 
     def prefill(unit: Unit) -> PrefillEndpoint:
         # MooncakeConnector: the decode pulls from the prefill pod found through its bootstrap server.
-        bootstrap = ctx.port(unit.name, ports.BOOTSTRAP, ports.KV_BOOTSTRAP_PORT) if p2p_kv else None
+        bootstrap = ctx.bootstrap_port(unit) if p2p_kv else None
         return PrefillEndpoint(host=host(unit), port=http_port(unit), ec=ec(unit), bootstrap_port=bootstrap)
 
     def of(role: Role) -> list[Unit]:

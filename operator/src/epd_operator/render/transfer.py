@@ -37,7 +37,7 @@ from epd_connectors.config.kv_transfer import (
     MultiExtra,
 )
 from epd_connectors.config.roles import Role
-from epd_operator.derive import identity, ports
+from epd_operator.derive import identity
 from epd_operator.render.context import EC_SUBDIR, KV_SUBDIR, Context, Unit
 
 Protocol = Literal["rdma", "tcp"]
@@ -87,7 +87,7 @@ def consumer_ec(ctx: Context, unit: Unit) -> ECConfig:
         ec_buffer_device=enc.buffer_device,
         ec_buffer_size=enc.buffer_size,
         ec_ip=ctx.own_address,
-        ec_port=ctx.port(unit.name, ports.ec_port_name(0), ports.EC_CONTROL_PORT),
+        ec_port=ctx.ec_port(unit),
         ec_connector_extra_config=ECMooncakeConsumerExtra(mooncake_protocol=_protocol(ctx)),
     )
 

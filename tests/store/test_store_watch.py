@@ -4,6 +4,7 @@ the unit tier's in-memory API server (a stand-in: what is under test here is the
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -39,7 +40,7 @@ def test_the_watch_reports_the_store_and_turns_store_ready_with_the_master(moonc
     client = mooncake.client(master, global_segment_size="32 MiB")
     api = Api()
     rt, events = runtime(api)
-    rt.store_poll_interval_s = 0.2
+    rt.settings = dataclasses.replace(rt.settings, store_poll_interval_s=0.2)
     tracked = rt.track(body())
     # The master's Service address, as render derives it, is this loopback master here.
     derived = Derived(

@@ -19,8 +19,8 @@ import kopf
 from epd_operator import _kube, apply
 from epd_operator._runtime import Runtime
 from epd_operator.api import constants as c
-from epd_operator.api.resource import OperatorDefaults
 from epd_operator.metrics import Metrics
+from epd_operator.settings import Settings
 
 registry = kopf.OperatorRegistry()
 
@@ -70,18 +70,9 @@ def login(memo: Any, **kwargs: Any) -> Any:
 @kopf.on.startup(registry=registry)
 async def startup(memo: Any, **_: Any) -> None:
     """Connect, and share one Runtime with every handler (kopf copies the memo's attributes per resource)."""
-    connection: _kube.Connection = memo.connection
-    defaults: OperatorDefaults = memo.defaults
+    settings: Settings = memo.settings
     metrics: Metrics = memo.metrics
-    concurrency: int = memo.concurrent_reconciles
-    memo.runtime = Runtime(
-        await _kube.Client.connect(connection),
-        defaults,
-        metrics,
-        concurrency,
-        store_poll_interval_s=memo.store_poll_interval_s,
-        transfer_poll_interval_s=memo.transfer_poll_interval_s,
-    )
+    memo.runtime = Runtime(await _kube.Client.connect(settings.connection), settings, metrics)
 
 
 @kopf.on.cleanup(registry=registry)

@@ -18,14 +18,10 @@ from epd_operator.metrics import Metrics
 from epd_operator.settings import Settings, SettingsError, parse
 
 
-def kopf_settings(settings: Settings) -> kopf.OperatorSettings:
-    """kopf's OperatorSettings for ours."""
+def kopf_settings() -> kopf.OperatorSettings:
+    """kopf's OperatorSettings for ours; the peering is kopf.run's arguments (it sets them on these)."""
     configured = kopf.OperatorSettings()
     handlers.configure(configured)
-    configured.peering.standalone = settings.peering is None
-    configured.peering.clusterwide = settings.all_namespaces
-    if settings.peering is not None:
-        configured.peering.name = settings.peering
     return configured
 
 
@@ -40,15 +36,10 @@ def run(settings: Settings) -> None:
     if settings.metrics_port:
         metrics.serve(settings.metrics_port, settings.metrics_host)
     memo = kopf.Memo()
-    memo.connection = settings.connection
-    memo.defaults = settings.defaults
-    memo.metrics = metrics
-    memo.concurrent_reconciles = settings.concurrent_reconciles
-    memo.store_poll_interval_s = settings.store_poll_interval_s
-    memo.transfer_poll_interval_s = settings.transfer_poll_interval_s
+    memo.settings, memo.metrics = settings, metrics
     kopf.run(
         registry=handlers.registry,
-        settings=kopf_settings(settings),
+        settings=kopf_settings(),
         standalone=settings.peering is None,
         peering_name=settings.peering,
         clusterwide=settings.all_namespaces,

@@ -25,6 +25,7 @@ from epd_operator.api.status import EPDDeploymentStatus, StoreStatus, TransferSt
 from epd_operator.metrics import Metrics
 from epd_operator.render import Desired
 from epd_operator.revision_gate import ModelPod
+from epd_operator.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -95,24 +96,11 @@ def _trim(body: Mapping[str, Any]) -> dict[str, Any]:
 class State:
     """The memory of one operator process, and its client, metrics and Events."""
 
-    def __init__(
-        self,
-        client: _kube.Client,
-        defaults: OperatorDefaults,
-        metrics: Metrics,
-        concurrent_syncs: int,
-        *,
-        store_poll_interval_s: float = 0.0,
-        transfer_poll_interval_s: float = 0.0,
-    ) -> None:
-        self.client, self.defaults, self.metrics = client, defaults, metrics
-        self.store_poll_interval_s = store_poll_interval_s
-        """Seconds between readings of each store master; 0: none (store_watch)."""
-        self.transfer_poll_interval_s = transfer_poll_interval_s
-        """Seconds between readings of each proxy's canary report; 0: none (transfer_watch)."""
+    def __init__(self, client: _kube.Client, settings: Settings, metrics: Metrics) -> None:
+        self.client, self.settings, self.metrics = client, settings, metrics
         # Fifty syncs at once all finish late (their requests interleave); a few at a time finish one after
         # another, so the pods of the first start while the rest are still being applied.
-        self.syncs = asyncio.Semaphore(concurrent_syncs)
+        self.syncs = asyncio.Semaphore(settings.concurrent_reconciles)
         self._tasks: set[asyncio.Task[None]] = set()
         self.events = events.EventPoster(client)
         self.post_event: PostEvent = self.events.post
@@ -125,6 +113,10 @@ class State:
         """Per EPDDeployment, its model pods by name as the pod watch last showed them (module gates)."""
         self.pending_repairs: dict[ChildKey, asyncio.Task[None]] = {}
         """Repairs waiting for their turn (`pacer`), one per child at most (module `repairs`)."""
+
+    @property
+    def defaults(self) -> OperatorDefaults:
+        return self.settings.defaults
 
     def track(self, body: Mapping[str, Any]) -> Tracked:
         owner = owner_of_body(body)

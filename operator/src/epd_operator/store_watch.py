@@ -1,4 +1,4 @@
-"""Reading each deployment's store master: its /health and /metrics every `State.store_poll_interval_s`, into
+"""Reading each deployment's store master: its /health and /metrics every `Settings.store_poll_interval_s`, into
 status.store and StoreReady (`store_health`), with an Event for each change worth one.
 
 The master is read through its Service, as the store's users reach it. A failed reading is reported as it is:
@@ -33,7 +33,7 @@ async def _read(derived: Derived) -> StoreStatus:
 POLL = Poll[StoreStatus](
     slot="store",
     url=lambda derived: derived.master_health_url,
-    interval=lambda state: state.store_poll_interval_s,
+    interval=lambda state: state.settings.store_poll_interval_s,
     read=_read,
     notices=store_events,
 )

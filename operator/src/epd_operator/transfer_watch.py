@@ -1,4 +1,4 @@
-"""Reading each deployment's proxy: its /health every `State.transfer_poll_interval_s`, whose canary report
+"""Reading each deployment's proxy: its /health every `Settings.transfer_poll_interval_s`, whose canary report
 becomes status.transfers and TransferReady (`transfer_health`); the condition's flips are the Events.
 
 The proxy is read through its Service; with several proxy replicas any one answers, and each runs the same
@@ -30,7 +30,7 @@ async def _read(derived: Derived) -> TransferStatus:
 POLL = Poll[TransferStatus](
     slot="transfers",
     url=lambda derived: derived.proxy_health_url,
-    interval=lambda state: state.transfer_poll_interval_s,
+    interval=lambda state: state.settings.transfer_poll_interval_s,
     read=_read,
     notices=lambda before, after: (),
     unread=TransferStatus(reachable=False, message="not read yet"),

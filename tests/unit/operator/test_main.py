@@ -68,10 +68,7 @@ def test_main_exits_2_without_a_scope(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_kopf_settings() -> None:
-    standalone = main.kopf_settings(parse("-n", "a"))
-    assert standalone.peering.standalone
-    peered = main.kopf_settings(parse("-A", "--peering", "epd-peers"))
-    assert not peered.peering.standalone and peered.peering.clusterwide and peered.peering.name == "epd-peers"
+    standalone = main.kopf_settings()
     selectors = list(standalone.watching.label_selectors.values())
     assert selectors == [handlers.CHILD_SELECTOR] * len(apply.MANAGED_KINDS) + [handlers.MODEL_POD_SELECTOR], (
         "every child kind and the model pods, filtered on the server"

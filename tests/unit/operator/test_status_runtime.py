@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry
 
 from epd_operator import _kube, _runtime, publish, repairs, status
 from epd_operator.api import constants as c
-from epd_operator.api.resource import OperatorDefaults
 from epd_operator.metrics import Metrics
+from epd_operator.settings import Settings
 from tests.unit.operator.test_apply import FakeApi
 
 pytestmark = pytest.mark.unit
@@ -68,8 +68,12 @@ def body(spec: dict[str, Any] | None = None, generation: int = 1) -> dict[str, A
     }
 
 
+QUIET = Settings(all_namespaces=True, store_poll_interval_s=0, transfer_poll_interval_s=0)
+"""Nothing read from the deployments' servers unless a test turns it on."""
+
+
 def runtime(api: Api) -> tuple[_runtime.Runtime, list[tuple[str, str]]]:
-    rt = _runtime.Runtime(cast(_kube.Client, api), OperatorDefaults(), Metrics(CollectorRegistry()), 4)
+    rt = _runtime.Runtime(cast(_kube.Client, api), QUIET, Metrics(CollectorRegistry()))
     events: list[tuple[str, str]] = []
     rt.post_event = lambda level, ref, reason, message: events.append((level, reason))
     return rt, events

@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from epd_connectors.config.roles import Role
-from epd_operator import polling, status, store_watch
+from epd_operator import status, store_watch
 from epd_operator.api import constants as c
 from epd_operator.api.status import EPDDeploymentStatus
 from epd_operator.render import Derived, Desired, RoleWorkload
-from tests.unit.operator.test_status_runtime import Api, body, runtime
+from epd_operator.state import DeploymentState, owner_of_body
+from tests.unit.operator.test_status_runtime import KEY, QUIET, Api, body, runtime
 
 if TYPE_CHECKING:
     from .conftest import Mooncake
@@ -39,9 +40,7 @@ def test_the_watch_reports_the_store_and_turns_store_ready_with_the_master(moonc
     master = mooncake.master(client_ttl_s=2)
     client = mooncake.client(master, global_segment_size="32 MiB")
     api = Api()
-    rt, events = runtime(api)
-    rt.settings = dataclasses.replace(rt.settings, store_poll_interval_s=0.2)
-    tracked = rt.track(body())
+    rt, events = runtime(api, dataclasses.replace(QUIET, store_poll_interval_s=0.2))
     # The master's Service address, as render derives it, is this loopback master here.
     derived = Derived(
         "ns-demo",
@@ -54,9 +53,15 @@ def test_the_watch_reports_the_store_and_turns_store_ready_with_the_master(moonc
         master_health_url=master.config.health_url("127.0.0.1"),
         master_metrics_url=master.metrics_url,
     )
-    tracked.desired = Desired([], derived, WORKLOADS)
-    for w in WORKLOADS:  # both workloads Ready, as their watch would report
-        rt.remember((w.kind, "ns", w.name), ready(w), watched=True)
+    # A deployment whose render (the store's two workloads) was applied, both workloads Ready as their watch
+    # would report.
+    rt.runtime.world.deployments[KEY] = body()
+    applied = Desired([], derived, WORKLOADS)
+    rt.states[KEY] = DeploymentState(
+        owner_of_body(body()), EPDDeploymentStatus(), rendered_generation=1, desired=applied, synced_generation=1
+    )
+    for w in WORKLOADS:
+        rt.runtime.world.remember((w.kind, "ns", w.name), ready(w), watched=True)
 
     def written() -> EPDDeploymentStatus:
         return status.parse(api.status_writes[-1]) if api.status_writes else EPDDeploymentStatus()
@@ -72,7 +77,7 @@ def test_the_watch_reports_the_store_and_turns_store_ready_with_the_master(moonc
         return (found.status, found.reason) if found else ("", "")
 
     async def scenario() -> None:
-        polling.follow(rt, tracked, store_watch.POLL)
+        rt.queue.add(KEY)
         await until("the pool", lambda st: st.store is not None and st.store.capacity_bytes == 32 * MiB)
         assert store_ready(written()) == ("True", status.REASON_READY)
         client.process.stop()  # the segment goes once its heartbeats lapse (client_ttl_s)
@@ -81,9 +86,9 @@ def test_the_watch_reports_the_store_and_turns_store_ready_with_the_master(moonc
         await until("the master gone", lambda st: store_ready(st) == ("False", status.REASON_MASTER_UNREACHABLE))
         gone = written().store
         assert gone is not None and not gone.reachable and "127.0.0.1" in gone.message
-        rt.forget("ns", "demo")
-        await asyncio.sleep(0)
-        assert tracked.polls["store"].cancelled()
+        rt.deployment_seen("DELETED", body())
+        await rt.queue.idle()
+        assert not rt.runtime.polls.running(KEY, store_watch.POLL)
 
     asyncio.run(scenario())
     assert ("warn", "StoreClientUnmounted") in events

@@ -1,12 +1,12 @@
-"""The kopf handlers: a few lines each, passing what kopf saw to the runtime.
+"""The kopf handlers: each passes what kopf saw to the controller, which keeps it and enqueues the deployment.
 
 They live in their own registry (`registry`), which `main` hands to kopf, so importing this module never
-touches kopf's global one. No handler needs a finalizer: there is no deletion handler (owner references let
-the garbage collector delete the children) and no timer or daemon (status follows the workloads through
-their watch events instead). Every kind the operator creates (`apply.MANAGED_KINDS`) is watched, so a child
-deleted or changed by hand is repaired at once; those watches are filtered on the server by label
-(`configure`), so the operator never receives a ConfigMap or Deployment it does not manage. The model pods
-(encoder, prefill, decode, PD) are watched the same way, for their revision gates (module gates).
+touches kopf's global one. Every handler is an event handler: kopf keeps no state of its own on our objects (no
+annotations, no finalizer; owner references let the garbage collector delete the children). Every kind the
+operator creates (`apply.MANAGED_KINDS`) is watched, so a child deleted or changed by hand is repaired at once;
+those watches are filtered on the server by label (`configure`), so the operator never receives a ConfigMap or
+Deployment it does not manage. The model pods (encoder, prefill, decode, PD) are watched the same way, for their
+revision gates.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 import kopf
 
 from epd_operator import _kube, apply
-from epd_operator._runtime import Runtime
 from epd_operator.api import constants as c
+from epd_operator.controller import Controller
 from epd_operator.metrics import Metrics
 from epd_operator.settings import Settings
 
@@ -37,12 +37,7 @@ _MODEL_POD_LABELS: Mapping[str, Any] = {**_CHILD_LABELS, c.LABEL_MODEL_REVISION:
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
-    """Our kopf settings: state in annotations under our group, child watches filtered by label."""
-    # The CRD's status schema has no room for kopf's own fields, so kopf keeps its state in annotations.
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=c.GROUP, key="last-handled-configuration"
-    )
+    """Our kopf settings: child watches filtered by label, Events under our name."""
     for kind in apply.MANAGED_KINDS:
         settings.watching.label_selectors[kind.api_version, kind.plural] = CHILD_SELECTOR
     settings.watching.label_selectors["v1", "pods"] = MODEL_POD_SELECTOR
@@ -52,8 +47,8 @@ def configure(settings: kopf.OperatorSettings) -> None:
 @kopf.on.login(registry=registry)
 def login(memo: Any, **kwargs: Any) -> Any:
     """kopf connects as our own client does (same server, same identity; startup ran before this)."""
-    runtime: Runtime = memo.runtime
-    creds = runtime.client.credentials()
+    controller: Controller = memo.controller
+    creds = controller.runtime.client.credentials()
     if creds.in_cluster:
         return kopf.login_with_service_account(**kwargs)  # kopf re-reads the rotating token file itself
     return kopf.ConnectionInfo(
@@ -69,41 +64,29 @@ def login(memo: Any, **kwargs: Any) -> Any:
 
 @kopf.on.startup(registry=registry)
 async def startup(memo: Any, **_: Any) -> None:
-    """Connect, and share one Runtime with every handler (kopf copies the memo's attributes per resource)."""
+    """Connect, and share one Controller with every handler (kopf copies the memo's attributes per resource)."""
     settings: Settings = memo.settings
     metrics: Metrics = memo.metrics
-    memo.runtime = Runtime(await _kube.Client.connect(settings.connection), settings, metrics)
+    memo.controller = Controller(await _kube.Client.connect(settings.connection), settings, metrics)
 
 
 @kopf.on.cleanup(registry=registry)
 async def cleanup(memo: Any, **_: Any) -> None:
-    runtime: Runtime | None = getattr(memo, "runtime", None)
-    if runtime is not None:
-        await runtime.client.close()
-
-
-@kopf.on.resume(c.GROUP, c.VERSION, c.PLURAL, registry=registry, id="reconcile-resume")
-@kopf.on.create(c.GROUP, c.VERSION, c.PLURAL, registry=registry, id="reconcile-create")
-@kopf.on.update(c.GROUP, c.VERSION, c.PLURAL, registry=registry, id="reconcile-update", field="spec")
-async def reconcile(body: Any, memo: Any, **_: Any) -> None:
-    """The spec is new, changed, or the operator (re)started: make the children match it."""
-    runtime: Runtime = memo.runtime
-    await runtime.reconcile(body)
+    controller: Controller | None = getattr(memo, "controller", None)
+    if controller is not None:
+        await controller.close()
 
 
 @kopf.on.event(c.GROUP, c.VERSION, c.PLURAL, registry=registry)
 async def deployment_event(event: Any, memo: Any, **_: Any) -> None:
-    """Forget a deleted EPDDeployment (its children go through garbage collection, not through us)."""
-    if event["type"] == "DELETED":
-        runtime: Runtime = memo.runtime
-        meta = event["object"]["metadata"]
-        runtime.forget(meta["namespace"], meta["name"])
+    """Async, as every handler here: kopf runs a plain function in a thread, away from the controller's loop."""
+    controller: Controller = memo.controller
+    controller.deployment_seen(event["type"], event["object"])
 
 
 async def child_event(event: Any, resource: Any, memo: Any, **_: Any) -> None:
-    """A child changed or went: a workload's status follows, and drift from the render is repaired."""
-    runtime: Runtime = memo.runtime
-    await runtime.child_event(event["type"], resource.kind, event["object"])
+    controller: Controller = memo.controller
+    controller.child_seen(event["type"], resource.kind, event["object"])
 
 
 for _kind in apply.MANAGED_KINDS:  # registered like the decorators would, once per kind
@@ -112,6 +95,5 @@ for _kind in apply.MANAGED_KINDS:  # registered like the decorators would, once 
 
 @kopf.on.event("v1", "pods", labels=_MODEL_POD_LABELS, registry=registry)
 async def model_pod_event(event: Any, memo: Any, **_: Any) -> None:
-    """A model pod came, changed or went: its revision may be complete now (module gates)."""
-    runtime: Runtime = memo.runtime
-    await runtime.pod_event(event["type"], event["object"])
+    controller: Controller = memo.controller
+    controller.pod_seen(event["type"], event["object"])

@@ -1,6 +1,6 @@
-"""Reading what a deployment's own servers report, on an interval, into its status: the store master
-(`store_watch`) and the proxy's canaries (`transfer_watch`). One loop for both: read, keep a reading that
-changed, post the Events it deserves, publish.
+"""Reading what a deployment's own servers report, on an interval: the store master (`store_watch`) and the
+proxy's canaries (`transfer_watch`). One loop for both: read, keep a reading that changed in the world, enqueue the
+deployment. The reconcile pass turns readings into status and Events.
 
 A failed reading is kept as it is (its type says why there is none): a server that restarts shows as such until
 it answers again.
@@ -16,9 +16,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
-from epd_operator.publish import publish_later
 from epd_operator.render import Derived
-from epd_operator.state import State, Tracked
+from epd_operator.settings import Settings
+from epd_operator.world import Key, World
 
 T = TypeVar("T")
 
@@ -47,48 +47,67 @@ class Poll(Generic[T]):
     """One kind of reading."""
 
     slot: Literal["store", "transfers"]
-    """The Tracked attribute the reading lands in, and the name of its task."""
+    """The DeploymentState field the reading lands in, and its name in the world."""
     url: Callable[[Derived], str | None]
-    """What is read for the last valid render; None: nothing to read (the watch stops)."""
-    interval: Callable[[State], float]
+    """What is read for the last valid render; None: nothing to read."""
+    interval: Callable[[Settings], float]
     """Seconds between readings; 0: none."""
     read: Callable[[Derived], Awaitable[T]]
     notices: Callable[[T | None, T], Sequence[Notice]]
     """The Events a new reading deserves, given the one before."""
     unread: T | None = None
-    """Kept until the first reading when the status holds none (None: nothing)."""
+    """Reported until the first reading when the status holds none (None: nothing)."""
+
+    def target(self, settings: Settings, derived: Derived | None) -> Derived | None:
+        """What to read for: `derived` when it has something to read and reading is on; None otherwise."""
+        on = self.interval(settings) > 0 and derived is not None and self.url(derived) is not None
+        return derived if on else None
 
 
-def follow(state: State, tracked: Tracked, poll: Poll[Any]) -> None:
-    """Read for `tracked` while its last render has something to read and reading is on; stop otherwise (a
-    spec change removed what was read)."""
-    derived = tracked.desired.derived if tracked.desired is not None else None
-    wanted = poll.interval(state) > 0 and derived is not None and poll.url(derived) is not None
-    task = tracked.polls.get(poll.slot)
-    if wanted and (task is None or task.done()):
-        if getattr(tracked, poll.slot) is None:
-            setattr(tracked, poll.slot, poll.unread)
-        tracked.polls[poll.slot] = state.spawn(_watch(state, tracked, poll))
-    elif not wanted:
-        if task is not None:
-            task.cancel()
-        tracked.polls.pop(poll.slot, None)
-        setattr(tracked, poll.slot, None)
+class Polls:
+    """The reading tasks of every deployment, one per (deployment, slot)."""
 
+    def __init__(self, settings: Settings, world: World, changed: Callable[[Key], None]) -> None:
+        self._settings, self._world, self._changed = settings, world, changed
+        self._targets: dict[tuple[Key, str], Derived] = {}
+        self._tasks: dict[tuple[Key, str], asyncio.Task[None]] = {}
 
-async def _watch(state: State, tracked: Tracked, poll: Poll[T]) -> None:
-    while state.current(tracked) and tracked.desired is not None:
-        derived = tracked.desired.derived  # read again each round: a spec change may move what is read
-        if poll.url(derived) is None:
+    def follow(self, key: Key, poll: Poll[Any], target: Derived | None) -> None:
+        """Read for `target` (`Poll.target`), from now on; None stops the reading and forgets it."""
+        slot = (key, poll.slot)
+        if target is None:
+            self._targets.pop(slot, None)
+            if (task := self._tasks.pop(slot, None)) is not None:
+                task.cancel()
+            self._world.readings.pop(slot, None)
             return
-        reading = await poll.read(derived)
-        before = getattr(tracked, poll.slot)
-        if reading != before and state.current(tracked):
-            setattr(tracked, poll.slot, reading)
-            for notice in poll.notices(before, reading):
-                state.event(tracked, notice.level, notice.reason, notice.message)
-            publish_later(state, tracked)
-        await asyncio.sleep(poll.interval(state))
+        self._targets[slot] = target  # the running loop reads it again each round: a spec change may move it
+        task = self._tasks.get(slot)
+        if task is None or task.done():
+            self._tasks[slot] = asyncio.create_task(self._watch(key, poll))
+
+    def reading(self, key: Key, poll: Poll[T]) -> T | None:
+        """The newest reading; None before the first."""
+        found: T | None = self._world.readings.get((key, poll.slot))
+        return found
+
+    async def _watch(self, key: Key, poll: Poll[Any]) -> None:
+        slot = (key, poll.slot)
+        while (target := self._targets.get(slot)) is not None:
+            reading = await poll.read(target)
+            if slot in self._targets and reading != self._world.readings.get(slot):
+                self._world.readings[slot] = reading
+                self._changed(key)
+            await asyncio.sleep(poll.interval(self._settings))
+
+    def close(self) -> None:
+        for task in self._tasks.values():
+            task.cancel()
+        self._tasks.clear()
+        self._targets.clear()
+
+    def running(self, key: Key, poll: Poll[Any]) -> bool:
+        return (key, poll.slot) in self._tasks
 
 
 def get_text(url: str) -> str:

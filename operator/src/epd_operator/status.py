@@ -1,6 +1,6 @@
-"""The EPDDeployment status, computed from what the children report, and its one write.
+"""The EPDDeployment status, computed from what the children report (pure; `calls.write_status` writes it).
 
-Everything but `write` is pure: `observe` reads one workload's replica counts, `compute` turns the
+`observe` reads one workload's replica counts, `compute` turns the
 observations, the spec's validity and the derived values into the whole status (per-role counts, the
 "ready/desired" strings kubectl's columns show, conditions, phase). A condition keeps its lastTransitionTime
 unless its status flips, so recomputing an unchanged world gives an equal status, and the caller writes only
@@ -15,7 +15,6 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from epd_connectors.config.roles import Role
-from epd_operator import _kube
 from epd_operator.api import constants as c
 from epd_operator.api.status import Condition, EPDDeploymentStatus, Phase, RoleStatus, StoreStatus, TransferStatus
 from epd_operator.render import Derived, RoleWorkload
@@ -354,28 +353,3 @@ def parse(raw: dict[str, Any] | None) -> EPDDeploymentStatus:
 
 def to_json(status: EPDDeploymentStatus) -> dict[str, Any]:
     return status.model_dump(by_alias=True, mode="json")
-
-
-async def write(client: _kube.Requester, namespace: str, name: str, status: EPDDeploymentStatus) -> bool:
-    """Replace the whole status (one request to the status subresource); False when the object is gone.
-
-    A JSON patch `add /status` replaces it wholesale, so keys that disappeared (a role removed) do not linger
-    as they would under a merge patch.
-    """
-    path = _kube.collection_path(c.API_VERSION, c.PLURAL, namespace) + f"/{name}/status"
-    patch = [{"op": "add", "path": "/status", "value": to_json(status)}]
-    try:
-        await client.request("PATCH", path, body=patch, content_type=_kube.JSON_PATCH)
-    except _kube.NotFoundError:
-        return False
-    return True
-
-
-async def exists(client: _kube.Requester, namespace: str, name: str, uid: str) -> bool:
-    """Whether this very EPDDeployment (same uid) still exists and is not being deleted."""
-    path = _kube.collection_path(c.API_VERSION, c.PLURAL, namespace) + f"/{name}"
-    try:
-        meta = (await client.request("GET", path)).get("metadata", {})
-    except _kube.NotFoundError:
-        return False
-    return bool(meta.get("uid") == uid and not meta.get("deletionTimestamp"))

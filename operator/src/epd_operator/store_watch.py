@@ -33,7 +33,7 @@ async def _read(derived: Derived) -> StoreStatus:
 POLL = Poll[StoreStatus](
     slot="store",
     url=lambda derived: derived.master_health_url,
-    interval=lambda state: state.settings.store_poll_interval_s,
+    interval=lambda settings: settings.store_poll_interval_s,
     read=_read,
     notices=store_events,
 )

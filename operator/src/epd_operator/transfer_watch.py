@@ -30,7 +30,7 @@ async def _read(derived: Derived) -> TransferStatus:
 POLL = Poll[TransferStatus](
     slot="transfers",
     url=lambda derived: derived.proxy_health_url,
-    interval=lambda state: state.settings.transfer_poll_interval_s,
+    interval=lambda settings: settings.transfer_poll_interval_s,
     read=_read,
     notices=lambda before, after: (),
     unread=TransferStatus(reachable=False, message="not read yet"),

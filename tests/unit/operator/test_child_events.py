@@ -1,4 +1,4 @@
-"""Child events in one process with an in-memory API server: the echo of our own apply costs nothing, a deleted
+"""Child events in one controller with an in-memory API server: the echo of our own apply costs nothing, a deleted
 or hand-changed child is applied again (paced when it keeps happening), a pruned child stays pruned, and an
 apply the server refuses over someone else's list entry is sent again without it."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from epd_operator import _kube, apply
-from tests.unit.operator.test_status_runtime import Api, body, runtime
+from tests.unit.operator.test_status_runtime import Api, body, child_seen, runtime, seen
 
 pytestmark = pytest.mark.unit
 
@@ -40,12 +40,12 @@ def test_the_echo_of_our_own_apply_sends_nothing() -> None:
     rt, events = runtime(api)
 
     async def scenario() -> None:
-        await rt.reconcile(body())
+        await seen(rt, body())
         api.requests.clear()
         for path in [p for p in api.objects if "/namespaces/ns/" in p]:
             kind = api.objects[path]["kind"]
-            await rt.child_event("MODIFIED", kind, live(api, path))
-            await rt.child_event(None, kind, live(api, path))  # a re-listing after a watch reconnects
+            await child_seen(rt, "MODIFIED", kind, live(api, path))
+            await child_seen(rt, None, kind, live(api, path))  # a re-listing after a watch reconnects
 
     asyncio.run(scenario())
     assert api.writes() == []
@@ -57,13 +57,13 @@ def test_a_deleted_child_comes_back_once() -> None:
     rt, events = runtime(api)
 
     async def scenario() -> None:
-        await rt.reconcile(body())
+        await seen(rt, body())
         gone = live(api)
         del api.objects[CM]
         api.requests.clear()
-        await rt.child_event("DELETED", "ConfigMap", gone)
+        await child_seen(rt, "DELETED", "ConfigMap", gone)
         assert CM in api.objects
-        await rt.child_event("ADDED", "ConfigMap", live(api))  # the echo of the restore
+        await child_seen(rt, "ADDED", "ConfigMap", live(api))  # the echo of the restore
 
     asyncio.run(scenario())
     assert api.writes() == [("PATCH", CM)]
@@ -76,14 +76,14 @@ def test_a_hand_edit_is_reverted_and_a_status_update_is_not_an_edit() -> None:
     path = "/apis/apps/v1/namespaces/ns/deployments/demo-encoder"
 
     async def scenario() -> None:
-        await rt.reconcile(body())
+        await seen(rt, body())
         api.requests.clear()
-        await rt.child_event("MODIFIED", "ConfigMap", edit_by_hand(api))
+        await child_seen(rt, "MODIFIED", "ConfigMap", edit_by_hand(api))
         assert api.objects[CM]["data"] != {"bundle.json": "{}"}, "the rendered bundle is back"
         ready = live(api, path)
         ready["status"] = {"readyReplicas": 1}
         ready["metadata"]["resourceVersion"] = "999"  # a status write moves the resourceVersion, not the generation
-        await rt.child_event("MODIFIED", "Deployment", ready)
+        await child_seen(rt, "MODIFIED", "Deployment", ready)
 
     asyncio.run(scenario())
     assert api.writes() == [("PATCH", CM)]
@@ -95,11 +95,11 @@ def test_a_pruned_child_is_not_restored() -> None:
     rt, _ = runtime(api)
 
     async def scenario() -> None:
-        await rt.reconcile(body())
+        await seen(rt, body())
         api.requests.clear()
         stray = live(api)
         stray["metadata"]["name"] = "demo-old-bundle"  # as if an earlier spec had it
-        await rt.child_event("DELETED", "ConfigMap", stray)
+        await child_seen(rt, "DELETED", "ConfigMap", stray)
 
     asyncio.run(scenario())
     assert api.writes() == []
@@ -108,14 +108,14 @@ def test_a_pruned_child_is_not_restored() -> None:
 def test_repairs_of_one_child_are_paced() -> None:
     api = Api()
     rt, _ = runtime(api)
-    rt.pacer.burst, rt.pacer.interval_s = 2, 0.3
+    rt.runtime.pacer.burst, rt.runtime.pacer.interval_s = 2, 0.3
 
     async def scenario() -> list[int]:
-        await rt.reconcile(body())
+        await seen(rt, body())
         api.requests.clear()
         counts = []
         for _ in range(4):  # a writer that keeps undoing ours
-            await rt.child_event("MODIFIED", "ConfigMap", edit_by_hand(api))
+            await child_seen(rt, "MODIFIED", "ConfigMap", edit_by_hand(api))
             counts.append(len(api.writes()))
         await asyncio.sleep(0.5)
         counts.append(len(api.writes()))
@@ -129,13 +129,13 @@ def test_a_failed_restore_is_retried() -> None:
     rt, events = runtime(api)
 
     async def scenario() -> None:
-        await rt.reconcile(body())
+        await seen(rt, body())
         gone = live(api)
         del api.objects[CM]
         api.fail_applies = True
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr("epd_operator.repairs.RETRY_REPAIR_S", 0.1)
-            await rt.child_event("DELETED", "ConfigMap", gone)
+            await child_seen(rt, "DELETED", "ConfigMap", gone)
             api.fail_applies = False
             await asyncio.sleep(0.3)
 

@@ -1,4 +1,4 @@
-"""The revision gate's shell in one process with the in-memory API server: pod events open the gates of a
+"""The revision gate's step in one controller with the in-memory API server: pod events open the gates of a
 whole revision with one status patch each, a pod listed before its deployment is reconciled (an operator
 restart) is opened by the reconcile, and a refused patch leaves the gate for the pod's next event."""
 
@@ -11,7 +11,8 @@ import pytest
 
 from epd_operator import _kube
 from epd_operator.api import constants as c
-from tests.unit.operator.test_status_runtime import Api, body, runtime
+from epd_operator.controller import Controller
+from tests.unit.operator.test_status_runtime import Api, body, runtime, seen
 
 pytestmark = pytest.mark.unit
 
@@ -46,19 +47,24 @@ def pod(name: str, role: str, *, up: bool, revision: str = REVISION) -> dict[str
     return {"metadata": {"name": name, "namespace": "ns", "labels": labels}, "status": {"conditions": conditions}}
 
 
+async def pod_seen(ctl: Controller, event_type: str, model_pod: dict[str, Any]) -> None:
+    ctl.pod_seen(event_type, model_pod)
+    await ctl.queue.idle()
+
+
 def test_a_whole_revision_opens_with_one_patch_per_pod() -> None:
     api = GateApi()
     rt, _ = runtime(api)
 
     async def scenario() -> None:
-        await rt.reconcile(body())  # encoder, PD and proxy: the model roles are encoder and pd
-        await rt.pod_event("ADDED", pod("demo-encoder-1", "encoder", up=True))
+        await seen(rt, body())  # encoder, PD and proxy: the model roles are encoder and pd
+        await pod_seen(rt, "ADDED", pod("demo-encoder-1", "encoder", up=True))
         assert api.opened == []  # no PD yet
-        await rt.pod_event("ADDED", pod("demo-pd-1", "pd", up=False))
+        await pod_seen(rt, "ADDED", pod("demo-pd-1", "pd", up=False))
         assert api.opened == []  # the PD's containers are not up
-        await rt.pod_event("MODIFIED", pod("demo-pd-1", "pd", up=True))
+        await pod_seen(rt, "MODIFIED", pod("demo-pd-1", "pd", up=True))
         assert sorted(api.opened) == ["demo-encoder-1", "demo-pd-1"]
-        await rt.pod_event("MODIFIED", pod("demo-pd-1", "pd", up=True))
+        await pod_seen(rt, "MODIFIED", pod("demo-pd-1", "pd", up=True))
         assert len(api.opened) == 2, "an open gate is not patched again"
 
     asyncio.run(scenario())
@@ -69,10 +75,10 @@ def test_pods_listed_before_the_reconcile_are_opened_by_it() -> None:
     rt, _ = runtime(api)
 
     async def scenario() -> None:
-        await rt.pod_event("ADDED", pod("demo-encoder-1", "encoder", up=True))
-        await rt.pod_event("ADDED", pod("demo-pd-1", "pd", up=True))
+        await pod_seen(rt, "ADDED", pod("demo-encoder-1", "encoder", up=True))
+        await pod_seen(rt, "ADDED", pod("demo-pd-1", "pd", up=True))
         assert api.opened == []  # not reconciled: the roles a set needs are not known yet
-        await rt.reconcile(body())
+        await seen(rt, body())
         assert sorted(api.opened) == ["demo-encoder-1", "demo-pd-1"]
 
     asyncio.run(scenario())
@@ -83,13 +89,13 @@ def test_a_refused_patch_is_tried_again_on_the_pods_next_event() -> None:
     rt, _ = runtime(api)
 
     async def scenario() -> None:
-        await rt.reconcile(body())
+        await seen(rt, body())
         api.refuse_gates = True
-        await rt.pod_event("ADDED", pod("demo-encoder-1", "encoder", up=True))
-        await rt.pod_event("ADDED", pod("demo-pd-1", "pd", up=True))
+        await pod_seen(rt, "ADDED", pod("demo-encoder-1", "encoder", up=True))
+        await pod_seen(rt, "ADDED", pod("demo-pd-1", "pd", up=True))
         assert api.opened == []
         api.refuse_gates = False
-        await rt.pod_event("MODIFIED", pod("demo-pd-1", "pd", up=True))
+        await pod_seen(rt, "MODIFIED", pod("demo-pd-1", "pd", up=True))
         assert sorted(api.opened) == ["demo-encoder-1", "demo-pd-1"]
 
     asyncio.run(scenario())

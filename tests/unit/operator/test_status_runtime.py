@@ -1,6 +1,6 @@
-"""How status follows the children, end to end in one process with an in-memory API server: one status write
+"""How status follows the children, end to end in one controller with an in-memory API server: one status write
 per real change, workload states ordered by generation, bursts of events coalesced, invalid specs reported
-without touching a child, and API failures turned into kopf retries."""
+without touching a child, and API failures retried by the work queue."""
 
 from __future__ import annotations
 
@@ -8,11 +8,10 @@ import asyncio
 import copy
 from typing import Any, cast
 
-import kopf
 import pytest
 from prometheus_client import CollectorRegistry
 
-from epd_operator import _kube, _runtime, publish, repairs, status
+from epd_operator import _kube, controller, reconcile, repairs, status
 from epd_operator.api import constants as c
 from epd_operator.metrics import Metrics
 from epd_operator.settings import Settings
@@ -72,11 +71,26 @@ QUIET = Settings(all_namespaces=True, store_poll_interval_s=0, transfer_poll_int
 """Nothing read from the deployments' servers unless a test turns it on."""
 
 
-def runtime(api: Api) -> tuple[_runtime.Runtime, list[tuple[str, str]]]:
-    rt = _runtime.Runtime(cast(_kube.Client, api), QUIET, Metrics(CollectorRegistry()))
+KEY = ("ns", "demo")
+
+
+def runtime(api: Api, settings: Settings = QUIET) -> tuple[controller.Controller, list[tuple[str, str]]]:
+    ctl = controller.Controller(cast(_kube.Client, api), settings, Metrics(CollectorRegistry()))
     events: list[tuple[str, str]] = []
-    rt.post_event = lambda level, ref, reason, message: events.append((level, reason))
-    return rt, events
+    ctl.runtime.post_event = lambda level, ref, reason, message: events.append((level, reason))
+    return ctl, events
+
+
+async def seen(ctl: controller.Controller, deployment: dict[str, Any]) -> None:
+    """The EPDDeployment's watch event, and the passes it brings."""
+    ctl.deployment_seen("MODIFIED", deployment)
+    await ctl.queue.idle()
+
+
+async def child_seen(ctl: controller.Controller, event_type: str | None, kind: str, obj: dict[str, Any]) -> None:
+    """A child's watch event, and the passes due at once."""
+    ctl.child_seen(event_type, kind, obj)
+    await ctl.queue.idle()
 
 
 def workload(api: Api, name: str, ready: int | None = None, generation: int | None = None) -> dict[str, Any]:
@@ -98,18 +112,18 @@ def test_reconcile_applies_and_writes_status_once_then_nothing() -> None:
     rt, events = runtime(api)
 
     async def scenario() -> None:
-        await rt.reconcile(body())
+        await seen(rt, body())
         assert len(api.status_writes) == 1
         first = api.status_writes[0]
         assert first["phase"] == "Pending" and first["observedGeneration"] == 1
         assert first["rolesReady"] == {"encoder": "0/1", "pd": "0/1", "proxy": "0/1"}
         api.requests.clear()
-        await rt.reconcile(body())
-        assert api.writes() == []  # nothing re-sent, status unchanged
+        await seen(rt, body())  # the echo of our status write: same generation
+        assert api.requests == []  # not even a read: the spec was applied, the status is unchanged
 
     asyncio.run(scenario())
     assert events == [("info", "Applied"), ("info", c.COND_VALID)]
-    assert rt.metrics.registry.get_sample_value("epd_operator_reconciles_total", {"outcome": "unchanged"}) == 1
+    assert rt.runtime.metrics.registry.get_sample_value("epd_operator_reconciles_total", {"outcome": "changed"}) == 1
 
 
 def test_workload_events_drive_status_to_ready_in_one_coalesced_write() -> None:
@@ -117,11 +131,11 @@ def test_workload_events_drive_status_to_ready_in_one_coalesced_write() -> None:
     rt, events = runtime(api)
 
     async def scenario() -> None:
-        await rt.reconcile(body())
+        await seen(rt, body())
         for name in ("demo-encoder", "demo-pd", "demo-proxy"):
-            await rt.child_event("MODIFIED", "Deployment", workload(api, name, ready=1))
+            await child_seen(rt, "MODIFIED", "Deployment", workload(api, name, ready=1))
         assert len(api.status_writes) == 1  # the burst waits for the coalescing window
-        await asyncio.sleep(publish.STATUS_DELAY_S + 0.2)
+        await asyncio.sleep(controller.STATUS_DELAY_S + 0.2)
         assert len(api.status_writes) == 2
         ready = status.parse(api.status_writes[-1])
         assert ready.phase == "Ready" and ready.roles_ready["pd"] == "1/1"
@@ -133,20 +147,22 @@ def test_workload_events_drive_status_to_ready_in_one_coalesced_write() -> None:
 def test_an_older_state_never_replaces_a_newer_one() -> None:
     api = Api()
     rt, _ = runtime(api)
-    asyncio.run(rt.reconcile(body()))
+    asyncio.run(seen(rt, body()))
     key = ("Deployment", "ns", "demo-encoder")
     watched = workload(api, "demo-encoder", ready=1, generation=2)
-    rt.remember(key, watched, watched=True)
-    rt.remember(key, workload(api, "demo-encoder", generation=2), watched=False)  # a late apply answer
-    assert rt.workloads[key]["status"]["readyReplicas"] == 1
-    rt.remember(key, workload(api, "demo-encoder", ready=0, generation=1), watched=True)  # a lagging watch
-    assert rt.workloads[key]["metadata"]["generation"] == 2
-    rt.remember(key, workload(api, "demo-encoder", generation=3), watched=False)  # our apply bumped it
-    assert rt.workloads[key]["metadata"]["generation"] == 3
+    rt.runtime.world.remember(key, watched, watched=True)
+    rt.runtime.world.remember(key, workload(api, "demo-encoder", generation=2), watched=False)  # a late apply answer
+    assert rt.runtime.world.workloads[key]["status"]["readyReplicas"] == 1
+    rt.runtime.world.remember(
+        key, workload(api, "demo-encoder", ready=0, generation=1), watched=True
+    )  # a lagging watch
+    assert rt.runtime.world.workloads[key]["metadata"]["generation"] == 2
+    rt.runtime.world.remember(key, workload(api, "demo-encoder", generation=3), watched=False)  # our apply bumped it
+    assert rt.runtime.world.workloads[key]["metadata"]["generation"] == 3
     recreated = workload(api, "demo-encoder", ready=0, generation=1)
     recreated["metadata"]["uid"] = "another"
-    rt.remember(key, recreated, watched=True)
-    assert rt.workloads[key]["metadata"]["uid"] == "another"
+    rt.runtime.world.remember(key, recreated, watched=True)
+    assert rt.runtime.world.workloads[key]["metadata"]["uid"] == "another"
 
 
 def test_invalid_spec_reports_and_touches_no_child() -> None:
@@ -155,8 +171,8 @@ def test_invalid_spec_reports_and_touches_no_child() -> None:
     bad = {**SPEC, "encoder": {"crossEncoderCache": {"enabled": True}}}  # reuse without a store
 
     async def scenario() -> None:
-        await rt.reconcile(body(bad))
-        await rt.reconcile(body(bad))
+        await seen(rt, body(bad))
+        await seen(rt, body(bad))
 
     asyncio.run(scenario())
     assert api.writes() == [("PATCH", EPD_PATH + "/status")]
@@ -171,15 +187,15 @@ def test_deleted_workload_of_a_gone_owner_is_not_recreated() -> None:
     rt, _ = runtime(api)
 
     async def scenario() -> None:
-        await rt.reconcile(body())
+        await seen(rt, body())
         gone = workload(api, "demo-encoder")
         api.epd_exists = False
         api.requests.clear()
-        await rt.child_event("DELETED", "Deployment", gone)
+        await child_seen(rt, "DELETED", "Deployment", gone)
 
     asyncio.run(scenario())
     assert api.writes() == []
-    assert rt.deployments == {}
+    assert rt.states == {}
 
 
 def test_deleted_workload_of_a_live_owner_is_recreated() -> None:
@@ -187,25 +203,32 @@ def test_deleted_workload_of_a_live_owner_is_recreated() -> None:
     rt, events = runtime(api)
 
     async def scenario() -> None:
-        await rt.reconcile(body())
+        await seen(rt, body())
         path = "/apis/apps/v1/namespaces/ns/deployments/demo-encoder"
         gone = workload(api, "demo-encoder")
         del api.objects[path]
-        await rt.child_event("DELETED", "Deployment", gone)
+        await child_seen(rt, "DELETED", "Deployment", gone)
         assert path in api.objects
 
     asyncio.run(scenario())
     assert ("warn", "Restored") in events
 
 
-def test_api_failures_become_kopf_retries() -> None:
+def test_api_failures_are_retried_by_the_queue() -> None:
     api = Api()
     api.fail_applies = True
     rt, events = runtime(api)
-    with pytest.raises(kopf.TemporaryError):
-        asyncio.run(rt.reconcile(body()))
+
+    async def scenario() -> float | None:
+        await seen(rt, body())
+        return rt.queue.due(KEY)
+
+    due = asyncio.run(scenario())
+    assert due is not None and 0 < due <= reconcile.RETRY_DELAY_S
     assert [e for e in events if e[0] == "warn"] == [("warn", "ApplyFailed")]
-    assert rt.metrics.registry.get_sample_value("epd_operator_reconcile_errors_total", {"reason": "UnavailableError"})
+    assert rt.runtime.metrics.registry.get_sample_value(
+        "epd_operator_reconcile_errors_total", {"reason": "UnavailableError"}
+    )
 
 
 def test_a_failed_apply_keeps_reporting_the_previous_generation() -> None:
@@ -213,12 +236,12 @@ def test_a_failed_apply_keeps_reporting_the_previous_generation() -> None:
     rt, _ = runtime(api)
 
     async def scenario() -> None:
-        await rt.reconcile(body())
+        await seen(rt, body())
         api.fail_applies = True
-        with pytest.raises(kopf.TemporaryError):
-            await rt.reconcile(body({**SPEC, "decode": {"replicas": 2}}, generation=2))
-        await rt.child_event("MODIFIED", "Deployment", workload(api, "demo-pd", ready=1))
-        await asyncio.sleep(publish.STATUS_DELAY_S + 0.2)
+        await seen(rt, body({**SPEC, "decode": {"replicas": 2}}, generation=2))
+        assert rt.queue.due(KEY) is not None, "retried"
+        await child_seen(rt, "MODIFIED", "Deployment", workload(api, "demo-pd", ready=1))
+        await asyncio.sleep(controller.STATUS_DELAY_S + 0.2)
 
     asyncio.run(scenario())
     latest = status.parse(api.status_writes[-1])
@@ -245,12 +268,13 @@ def test_a_refused_apply_is_reported_in_ready_for_its_generation(refusal: _kube.
     api.refuse = refusal
     rt, events = runtime(api)
 
-    async def scenario() -> None:
-        for _ in range(2):  # kopf's retry: the same failure is announced once
-            with pytest.raises(kopf.TemporaryError if retried else kopf.PermanentError):
-                await rt.reconcile(body(generation=3))
+    async def scenario() -> float | None:
+        for _ in range(2):  # a second pass, as the retry or another event brings: announced once
+            await seen(rt, body(generation=3))
+        return rt.queue.due(KEY)
 
-    asyncio.run(scenario())
+    due = asyncio.run(scenario())
+    assert (due is not None) == retried
     st = status.parse(api.status_writes[-1])
     ready = ready_condition(api)
     assert (ready.status, ready.reason) == ("False", "ApplyFailed")
@@ -281,7 +305,7 @@ def test_a_name_conflict_is_reported_and_tried_again_once_the_object_is_gone() -
     api.objects[path] = {**theirs, "_content": ""}
 
     async def scenario() -> None:
-        await rt.reconcile(body())
+        await seen(rt, body())
         assert api.objects[path]["spec"] == {"replicas": 5}, "theirs, untouched"
         assert [m for m, p in api.writes()] == ["PATCH"] and api.writes()[0][1].endswith("/status")
         ready = ready_condition(api)
@@ -289,7 +313,7 @@ def test_a_name_conflict_is_reported_and_tried_again_once_the_object_is_gone() -
         assert "Deployment demo-encoder belongs to EPDDeployment other" in ready.message
         assert [e for e in events if e[0] == "warn"] == [("warn", "NameConflict")]
         del api.objects[path]
-        await rt.child_event("DELETED", "Deployment", theirs)
+        await child_seen(rt, "DELETED", "Deployment", theirs)
         await asyncio.sleep(0.1)
 
     asyncio.run(scenario())
@@ -306,9 +330,11 @@ def test_a_restarted_operator_counts_every_stored_phase() -> None:
         ],
     }
     for i in range(3):
-        rt.track({"metadata": {"name": f"d{i}", "namespace": "ns", "uid": f"u{i}"}, "status": stored})
-    rt.track({"metadata": {"name": "new", "namespace": "ns", "uid": "un"}})  # never written: not counted yet
-    value = rt.metrics.registry.get_sample_value
+        reconcile.first_seen(
+            rt.runtime, {"metadata": {"name": f"d{i}", "namespace": "ns", "uid": f"u{i}"}, "status": stored}
+        )
+    reconcile.first_seen(rt.runtime, {"metadata": {"name": "new", "namespace": "ns", "uid": "un"}})  # not counted yet
+    value = rt.runtime.metrics.registry.get_sample_value
     assert value("epd_operator_deployments", {"phase": "Ready"}) == 3
     assert value("epd_operator_deployments", {"phase": "Pending"}) == 0
 
@@ -318,18 +344,18 @@ def test_a_terminating_namespace_gets_no_repair_and_no_event() -> None:
     rt, events = runtime(api)
 
     async def scenario() -> None:
-        await rt.reconcile(body())
+        await seen(rt, body())
         events.clear()
         api.refuse = _kube.NamespaceTerminatingError("PATCH", "/x", 403, "Forbidden", "being terminated")
         for name in ("demo-encoder", "demo-pd", "demo-proxy"):
             gone = workload(api, name)
             del api.objects[f"/apis/apps/v1/namespaces/ns/deployments/{name}"]
-            await rt.child_event("DELETED", "Deployment", gone)
+            await child_seen(rt, "DELETED", "Deployment", gone)
         await asyncio.sleep(repairs.RETRY_REPAIR_S / 10)
 
     asyncio.run(scenario())
     assert events == []
-    assert rt.deployments == {} and rt.pending_repairs == {}
+    assert rt.states == {} and rt.queue.due(KEY) is None
 
 
 class RacingApi(Api):
@@ -346,9 +372,9 @@ class RacingApi(Api):
 def test_a_no_op_reconcile_after_a_status_write_posts_no_applied_event() -> None:
     api = RacingApi()
     first, _ = runtime(api)
-    asyncio.run(first.reconcile(body()))
+    asyncio.run(seen(first, body()))
     restarted, events = runtime(api)  # a fresh process sends every child once
-    asyncio.run(restarted.reconcile(body()))
+    asyncio.run(seen(restarted, body()))
     assert ("info", "Applied") not in events
-    value = restarted.metrics.registry.get_sample_value
+    value = restarted.runtime.metrics.registry.get_sample_value
     assert value("epd_operator_reconciles_total", {"outcome": "unchanged"}) == 1

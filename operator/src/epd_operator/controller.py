@@ -1,0 +1,81 @@
+"""The controller: watch events go into the world and enqueue their EPDDeployment; a work queue runs one reconcile
+pass per deployment at a time (module reconcile) and keeps the state each pass returns.
+
+As controller-runtime's watches enqueue a child's owner, a child's event enqueues the deployment that controls it
+(and one whose apply it blocked by name); a model pod's, the deployment it serves; a reading that changed, the
+deployment read. Workload events and readings come in bursts (created, scheduled, ready), so they enqueue after
+`STATUS_DELAY_S` and share one pass and one status write; anything else enqueues at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from epd_operator import _kube, apply, reconcile
+from epd_operator.metrics import Metrics
+from epd_operator.polling import Polls
+from epd_operator.runtime import Runtime
+from epd_operator.settings import Settings
+from epd_operator.state import DeploymentState
+from epd_operator.workqueue import WorkQueue
+from epd_operator.world import Key, World, owner_key
+
+STATUS_DELAY_S = 0.2
+"""Workload events and readings this close together share one pass: each status write costs the API server
+more than the wait costs."""
+
+
+class Controller:
+    def __init__(self, client: _kube.Client, settings: Settings, metrics: Metrics) -> None:
+        world = World()
+        self.queue: WorkQueue[Key] = WorkQueue(self._pass)
+        polls = Polls(settings, world, lambda key: self.queue.add(key, STATUS_DELAY_S))
+        self.runtime = Runtime(client, settings, metrics, world, polls)
+        self.states: dict[Key, DeploymentState] = {}
+
+    def deployment_seen(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """An EPDDeployment was listed, added, changed or deleted."""
+        meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
+        if event_type == "DELETED":
+            self.runtime.world.forget(key)
+        else:
+            self.runtime.world.deployments[key] = {k: body[k] for k in ("metadata", "spec", "status") if k in body}
+        self.queue.add(key)
+
+    def child_seen(self, event_type: str | None, kind: str, obj: dict[str, Any]) -> None:
+        """A child of some EPDDeployment was listed, added, changed or deleted."""
+        meta = obj.get("metadata", {})
+        key = (kind, meta.get("namespace", ""), meta.get("name", ""))
+        deleted = event_type == "DELETED"
+        owners = [owner] if (owner := owner_key(meta)) is not None else []
+        if deleted:
+            owners += [k for k, state in self.states.items() if key in state.blocking and k not in owners]
+        self.runtime.world.child_seen(deleted, key, obj, owners)
+        delay = STATUS_DELAY_S if kind in apply.WORKLOAD_KINDS and not deleted else 0.0
+        for owner in owners:
+            self.queue.add(owner, delay)
+
+    def pod_seen(self, event_type: str | None, pod: Mapping[str, Any]) -> None:
+        """A model pod came, changed or went: its revision may be complete now."""
+        key = self.runtime.world.pod_seen(event_type == "DELETED", pod)
+        if key is not None:
+            self.queue.add(key)
+
+    async def _pass(self, key: Key) -> float | None:
+        try:
+            state, again = await reconcile.reconcile(self.runtime, key, self.states.get(key))
+        except Exception:
+            self.runtime.metrics.errors.labels("Unexpected").inc()
+            raise  # the queue logs it and comes back
+        if state is None:
+            self.states.pop(key, None)
+        else:
+            self.states[key] = state
+        return again
+
+    async def close(self) -> None:
+        self.queue.close()
+        self.runtime.polls.close()
+        await self.runtime.client.close()

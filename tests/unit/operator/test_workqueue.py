@@ -1,0 +1,105 @@
+"""The controller's work queue: a key is worked on once however often it is added, never twice at once, again when
+added during its run, sooner when added sooner, and again after the delay its work asks for (or after a failure)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from epd_operator import workqueue
+from epd_operator.workqueue import WorkQueue
+
+pytestmark = pytest.mark.unit
+
+
+def test_adds_before_a_run_coalesce_into_one() -> None:
+    runs: list[str] = []
+
+    async def work(key: str) -> None:
+        runs.append(key)
+
+    async def scenario() -> None:
+        queue = WorkQueue(work)
+        for _ in range(5):
+            queue.add("a")
+        queue.add("b")
+        await queue.idle()
+
+    asyncio.run(scenario())
+    assert sorted(runs) == ["a", "b"]
+
+
+def test_a_key_added_during_its_run_runs_again_after_it_never_beside_it() -> None:
+    running: set[str] = set()
+    overlaps: list[str] = []
+    runs: list[int] = []
+
+    async def scenario() -> None:
+        release = asyncio.Event()
+
+        async def work(key: str) -> None:
+            if key in running:
+                overlaps.append(key)
+            running.add(key)
+            runs.append(len(runs))
+            if len(runs) == 1:
+                await release.wait()
+            running.discard(key)
+
+        queue = WorkQueue(work)
+        queue.add("a")
+        await asyncio.sleep(0.01)
+        queue.add("a")  # during the first run
+        queue.add("a")
+        await asyncio.sleep(0.01)
+        assert runs == [0], "not beside the running one"
+        release.set()
+        await queue.idle()
+
+    asyncio.run(scenario())
+    assert runs == [0, 1] and overlaps == []
+
+
+def test_a_sooner_add_brings_a_delayed_key_forward_and_a_later_one_does_not_put_it_off() -> None:
+    async def scenario() -> tuple[float | None, float | None, float | None]:
+        async def work(key: str) -> None:
+            return None
+
+        queue = WorkQueue(work)
+        queue.add("a", 10.0)
+        later = queue.due("a")
+        queue.add("a", 60.0)
+        kept = queue.due("a")
+        queue.add("a", 0.0)
+        await queue.idle()
+        return later, kept, queue.due("a")
+
+    later, kept, after = asyncio.run(scenario())
+    assert later is not None and kept is not None and 9 < kept <= later <= 10
+    assert after is None, "ran, and nothing is queued"
+
+
+def test_the_work_decides_when_it_comes_back_and_a_failure_comes_back_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(workqueue, "ERROR_RETRY_S", 0.05)
+    calls: list[str] = []
+
+    async def work(key: str) -> float | None:
+        calls.append(key)
+        if key == "again" and calls.count(key) == 1:
+            return 0.05
+        if key == "broken" and calls.count(key) == 1:
+            raise RuntimeError("a bug")
+        return None
+
+    async def scenario() -> None:
+        queue = WorkQueue(work)
+        queue.add("again")
+        queue.add("broken")
+        await queue.idle()
+        assert calls.count("again") == 1 and queue.due("again") is not None
+        await asyncio.sleep(0.15)
+        await queue.idle()
+
+    asyncio.run(scenario())
+    assert calls.count("again") == 2 and calls.count("broken") == 2

@@ -109,7 +109,7 @@ DEMO_LOCAL      ?= examples/local-e-pd.yaml
 DEMO_LOCAL_ARGS ?=
 demo-local: setup-python setup-e2e ## run examples/local-e-pd.yaml here: no cluster, no GPU (DEMO_LOCAL_ARGS=--once: stop after the sample)
 	@model=$$(HF_HUB_OFFLINE=1 $(VENV_E2E)/bin/python tools/tinymodel/make_tiny_qwen2vl.py --quiet | tail -n 1); \
-	$(PY) -m epd_operator.local run $(DEMO_LOCAL) --model "$$model" --python $(VENV_E2E)/bin/python \
+	$(PY) -m epd_local run $(DEMO_LOCAL) --model "$$model" --python $(VENV_E2E)/bin/python \
 		--workdir .run/local --sample-request $(DEMO_LOCAL_ARGS)
 
 bench: setup ## every benchmark under bench/

@@ -1,9 +1,10 @@
 """The GPU run of bench/gpu: the project's own stacks on one GPU, checked against one vLLM instance, then timed.
 
 Run by bench/gpu/run_gpu.sh on the GPU machine (vLLM, Mooncake and epd-connectors on PYTHONPATH, operator/src
-beside them). Every stack is rendered by the operator's own functions through the local runner (a loopback
-`Site`, `plan_on_free_ports`) and every role starts through `epd-launch`, as `make demo-local` does; only the
-profile differs: `gpu_profile` below instead of the CPU one (no CPU env, no block size, the GPU's EC buffer).
+and tools/local/src beside them). Every stack is rendered by the operator's own functions through the local runner
+(a loopback `Site`, `plan_on_free_ports`) and every role starts through `epd-launch`, as `make demo-local` does;
+only the profile differs: `gpu_profile` below instead of the CPU one (no CPU env, no block size, the GPU's EC
+buffer).
 
 Phases (each writes into results.json as it ends, so a run stopped by the call's time limit keeps what it did):
 - correctness, on the tiny Qwen2-VL: one plain vLLM instance (the PD bundle's own server flags, no connector)
@@ -39,9 +40,9 @@ from typing import Any
 from epd_connectors.config.roles import Role
 from epd_connectors.config.vllm import SERVER_MODULE
 from epd_connectors.launch.plan import plan_launch
-from epd_operator.local import processes, profile, sample
-from epd_operator.local.plan import POD_IP, LocalPlan, Readiness
-from epd_operator.local.profile import LocalProfile
+from epd_local import processes, profile, sample
+from epd_local.plan import POD_IP, LocalPlan, Readiness
+from epd_local.profile import LocalProfile
 
 HERE = Path(__file__).resolve().parent
 GIB = 1024**3

@@ -55,7 +55,7 @@ unpack() {
 }
 
 environment() {
-  export PYTHONPATH=$ROOT/epd:$ROOT/site:$REPO/operator/src
+  export PYTHONPATH=$ROOT/epd:$ROOT/site:$REPO/operator/src:$REPO/tools/local/src
   export PATH=$ROOT/epd/bin:$ROOT/site/bin:$PATH
   export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 PYTHONUNBUFFERED=1
   # Mooncake's binaries link libcudart.so.13 (torch's, from its nvidia wheel) and system libraries the image
@@ -101,7 +101,7 @@ case $STEP in
       say "$bin: ${missing:-every library found}"
     done
     tiny_model
-    python3 -c 'import vllm, mooncake.engine, epd_connectors, epd_operator.local; print("vllm", vllm.__version__)' || exit 1
+    python3 -c 'import vllm, mooncake.engine, epd_connectors, epd_local; print("vllm", vllm.__version__)' || exit 1
     # shellcheck disable=SC2086 # PHASES is a word list
     python3 "$HERE/gpu_bench.py" ${PHASES:-correctness timing} --model "$ROOT/model" --workdir "$ROOT/work" \
       --out "$OUT" ${GPU_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"

@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from epd_operator.local.profile import CPU_VLLM_ENV
+from epd_local.profile import CPU_VLLM_ENV
 from epd_testenv.process import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]

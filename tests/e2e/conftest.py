@@ -35,10 +35,10 @@ from epd_connectors.config.bundle import RoleBundle
 from epd_connectors.config.ec_transfer import ECExampleConnectorConfig
 from epd_connectors.config.roles import Role
 from epd_connectors.config.vllm import VllmServerConfig
-from epd_operator.local import failures, profile
-from epd_operator.local.failures import LogWatch
-from epd_operator.local.processes import attention_note
-from epd_operator.local.sample import png_bytes
+from epd_local import failures, profile
+from epd_local.failures import LogWatch
+from epd_local.processes import attention_note
+from epd_local.sample import png_bytes
 from tests.e2e.cpu import cpu_summary
 from tests.e2e.memory import MemorySampler
 from tests.tiny_model import build as tiny_model_build

@@ -53,10 +53,10 @@ from epd_connectors import store_probe
 from epd_connectors.config.kv_transfer import MooncakeStoreConnectorConfig, connectors_of
 from epd_connectors.config.roles import Role
 from epd_connectors.vllm_plugins import cpu_amx_tiles, mooncake_cpu_device
+from epd_local import processes, profile
+from epd_local.plan import Instance, LocalPlan
+from epd_local.processes import LocalDeployment
 from epd_operator.derive.site import LOOPBACK
-from epd_operator.local import processes, profile
-from epd_operator.local.plan import Instance, LocalPlan
-from epd_operator.local.processes import LocalDeployment
 from tests.e2e.conftest import REPO, TIMINGS, VllmInstance, greedy_chat, image_data_url, progress
 from tests.e2e.cpu import has_amx_tiles
 

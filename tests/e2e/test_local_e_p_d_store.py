@@ -44,8 +44,8 @@ import pytest
 
 from epd_connectors.config.kv_transfer import MooncakeConnectorConfig, connectors_of
 from epd_connectors.config.roles import Role
-from epd_operator.local.plan import POD_IP
-from epd_operator.local.processes import LocalDeployment, Running
+from epd_local.plan import POD_IP
+from epd_local.processes import LocalDeployment, Running
 from tests.e2e.conftest import VllmInstance
 from tests.e2e.test_local_e_p_d import (
     CASES,

@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
+from epd_local import plan as local_plan
+from epd_local import profile
 from epd_operator.api.resource import OperatorDefaults
 from epd_operator.derive.site import LocalNetwork, Paths, Site
-from epd_operator.local import plan as local_plan
-from epd_operator.local import profile
 from epd_operator.render import render_desired
 from tests.images import pods
 

@@ -40,8 +40,8 @@ from epd_connectors.config.ec_transfer import (
 from epd_connectors.config.master import TenantQuotaPolicy
 from epd_connectors.config.roles import Role
 from epd_connectors.launch.plan import LaunchPlan, plan_launch
-from epd_operator.local import processes, profile
-from epd_operator.local.plan import POD_IP, LocalPlan
+from epd_local import processes, profile
+from epd_local.plan import POD_IP, LocalPlan
 
 pytestmark = pytest.mark.store
 

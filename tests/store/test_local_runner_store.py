@@ -14,8 +14,8 @@ import pytest
 
 from epd_connectors import store_probe
 from epd_connectors.config.roles import Role
-from epd_operator.local import processes, profile
-from epd_operator.local.plan import POD_IP
+from epd_local import processes, profile
+from epd_local.plan import POD_IP
 from tests.sockets import group_pids, tcp_listeners
 
 pytestmark = pytest.mark.store

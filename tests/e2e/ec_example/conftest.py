@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from epd_connectors.config.roles import Role
-from epd_operator.local import processes, profile
-from epd_operator.local.processes import Running
+from epd_local import processes, profile
+from epd_local.processes import Running
 from tests.e2e.conftest import REPO, TIMINGS, Launcher, VllmInstance, progress
 
 EXAMPLE = REPO / "examples" / "local-e-pd.yaml"

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from epd_operator.local import sample
+from epd_local import sample
 from tests.e2e.conftest import TIMINGS, greedy_chat, image_data_url
 from tests.e2e.ec_example.conftest import Fleet
 

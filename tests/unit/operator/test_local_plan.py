@@ -14,13 +14,13 @@ from epd_connectors.config.bundle import POD_IP_PLACEHOLDER, parse_bundle
 from epd_connectors.config.ec_transfer import ECExampleConnectorConfig, ECMooncakeConsumer, ECMooncakeProducer
 from epd_connectors.config.roles import Role
 from epd_connectors.launch.plan import plan_launch
+from epd_local import plan as local_plan
+from epd_local import profile
 from epd_operator.api.resource import OperatorDefaults, Owner
 from epd_operator.api.spec import EPDDeploymentSpec
 from epd_operator.api.store import MasterHASpec
 from epd_operator.derive import ports
 from epd_operator.derive.site import CLUSTER, LOOPBACK, ClusterNetwork, LocalNetwork
-from epd_operator.local import plan as local_plan
-from epd_operator.local import profile
 from epd_operator.render import render_desired
 
 pytestmark = pytest.mark.unit

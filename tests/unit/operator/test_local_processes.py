@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from epd_operator.local import failures, processes, profile
-from epd_operator.local import plan as local_plan
-from epd_operator.local.failures import LogWatch
+from epd_local import failures, processes, profile
+from epd_local import plan as local_plan
+from epd_local.failures import LogWatch
 
 pytestmark = pytest.mark.unit
 

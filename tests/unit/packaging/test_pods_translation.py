@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from epd_local import plan as local_plan
 from epd_operator.api.resource import OperatorDefaults
 from epd_operator.derive.site import LocalNetwork, Paths, Site
-from epd_operator.local import plan as local_plan
 from epd_operator.render import render_desired
 from tests.images import pods
 

@@ -18,7 +18,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 
-from epd_operator.local import sample
+from epd_local import sample
 from epd_operator.render.pod import RUN_AS_USER
 from epd_testenv import cluster, demo_operator, layout, portforward, realdeploy, realnode
 

@@ -1,7 +1,7 @@
 """An example EPDDeployment made to run on the real node: a pure function from the example to the manifest applied.
 
 Every change is a spec field a user could write, so the operator renders the pods exactly as it would for them:
-the local CPU profile (epd_operator.local.profile, the values measured with the CPU build of vLLM), the CPU
+the local CPU profile (epd_local.profile, the values measured with the CPU build of vLLM), the CPU
 flavour of the vLLM image, the tiny model and the shared folder as hostPaths on this machine, every component
 placed on the real node by a nodeSelector (the simulated nodes beside it would otherwise take some), and CPU
 requests small enough for a 2-core node.
@@ -16,10 +16,10 @@ from typing import Any
 
 import yaml
 
+from epd_local import plan, profile
 from epd_operator.api import constants as c
 from epd_operator.api.resource import Owner
 from epd_operator.api.spec import EPDDeploymentSpec
-from epd_operator.local import plan, profile
 from epd_testenv import nodes, realnode
 
 

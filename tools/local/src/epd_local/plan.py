@@ -16,12 +16,12 @@ import yaml
 from epd_connectors.config.base import ConfigError
 from epd_connectors.config.bundle import RoleBundle, parse_bundle
 from epd_connectors.config.roles import Role
+from epd_local.profile import LocalProfile, apply_profile
 from epd_operator.api import constants as c
 from epd_operator.api.resource import InvalidSpecError, OperatorDefaults, Owner, parse_spec
 from epd_operator.api.spec import EPDDeploymentSpec
 from epd_operator.derive.names import Names
 from epd_operator.derive.site import LOOPBACK, LocalNetwork, Paths, Site
-from epd_operator.local.profile import LocalProfile, apply_profile
 from epd_operator.render import render_desired
 
 LOCAL_UID = "00000000-0000-4000-8000-00000000c0de"

@@ -1,7 +1,7 @@
-"""`python -m epd_operator.local`: run an EPDDeployment on this machine, or show what running it would do.
+"""`python -m epd_local`: run an EPDDeployment on this machine, or show what running it would do.
 
-    python -m epd_operator.local plan examples/local-e-pd.yaml --model DIR
-    python -m epd_operator.local run  examples/local-e-pd.yaml --model DIR --python .venv-e2e/bin/python
+    python -m epd_local plan examples/local-e-pd.yaml --model DIR
+    python -m epd_local run  examples/local-e-pd.yaml --model DIR --python .venv-e2e/bin/python
 
 `run` prints the local profile's changes and the address plan, starts every role through epd-launch, prints
 progress until all are ready, then the proxy URL and a curl line (and with --sample-request the answer to a
@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from epd_operator.local import plan as local_plan
-from epd_operator.local import processes, profile, sample
+from epd_local import plan as local_plan
+from epd_local import processes, profile, sample
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -26,11 +26,11 @@ from typing import Final
 
 from epd_connectors.config.bundle import POD_IP_ENV
 from epd_connectors.vllm_plugins.cpu_amx_tiles import isa_choices
-from epd_operator.local import failures
-from epd_operator.local import plan as local_plan
-from epd_operator.local.failures import LogWatch
-from epd_operator.local.plan import POD_IP, Instance, LocalPlan, Readiness
-from epd_operator.local.profile import LocalProfile
+from epd_local import failures
+from epd_local import plan as local_plan
+from epd_local.failures import LogWatch
+from epd_local.plan import POD_IP, Instance, LocalPlan, Readiness
+from epd_local.profile import LocalProfile
 
 LAUNCH_MODULE: Final = "epd_connectors.launch.cli"
 """`python -m epd_connectors.launch.cli` is `epd-launch`; run with the chosen interpreter, so the vLLM it execs

@@ -43,13 +43,10 @@ def test_the_watch_reports_the_store_and_turns_store_ready_with_the_master(moonc
     rt, events = runtime(api, dataclasses.replace(QUIET, store_poll_interval_s=0.2))
     # The master's Service address, as render derives it, is this loopback master here.
     derived = Derived(
-        "ns-demo",
-        "",
-        "",
-        0,
-        1,
-        "http://demo-proxy.ns.svc:8000",
-        "rev",
+        tenant_id="ns-demo",
+        python_hash_seed=1,
+        endpoint="http://demo-proxy.ns.svc:8000",
+        model_revision="rev",
         master_health_url=master.config.health_url("127.0.0.1"),
         master_metrics_url=master.metrics_url,
     )

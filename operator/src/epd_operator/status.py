@@ -16,7 +16,15 @@ from typing import Any, Literal
 
 from epd_connectors.config.roles import Role
 from epd_operator.api import constants as c
-from epd_operator.api.status import Condition, EPDDeploymentStatus, Phase, RoleStatus, StoreStatus, TransferStatus
+from epd_operator.api.status import (
+    Condition,
+    DeploymentValues,
+    EPDDeploymentStatus,
+    Phase,
+    RoleStatus,
+    StoreStatus,
+    TransferStatus,
+)
 from epd_operator.render import Derived, RoleWorkload
 from epd_operator.transfer_health import verdict
 
@@ -318,17 +326,13 @@ def compute(facts: Facts) -> EPDDeploymentStatus:
             summed = _sum(observed, covered)
             if summed is not None:
                 roles_ready[key] = f"{summed.ready}/{summed.desired}"
-    derived = facts.derived
+    # The derived values as the last render made them (kept from before while no spec was ever valid here).
+    values: DeploymentValues = facts.derived if facts.derived is not None else prev
     ready_total = sum(r.ready for r in roles.values())
     return EPDDeploymentStatus(
+        **{name: getattr(values, name) for name in DeploymentValues.model_fields},
         observed_generation=facts.generation,
         phase=_phase(facts, conditions, ready_total),
-        endpoint=derived.endpoint if derived else prev.endpoint,
-        tenant_id=derived.tenant_id if derived else prev.tenant_id,
-        embedding_cache_prefix=derived.embedding_cache_prefix if derived else prev.embedding_cache_prefix,
-        kv_cache_prefix=derived.kv_cache_prefix if derived else prev.kv_cache_prefix,
-        model_revision=derived.model_revision if derived else prev.model_revision,
-        store_tp_size=derived.store_tp_size if derived else prev.store_tp_size,
         roles=roles,
         roles_ready=roles_ready,
         store=facts.store,

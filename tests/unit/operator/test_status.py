@@ -16,7 +16,15 @@ from epd_operator.render import Derived, RoleWorkload
 pytestmark = pytest.mark.unit
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
-DERIVED = Derived("ns-demo", "emb-1", "kv-1", 2, 1234, "http://demo-proxy.ns.svc:8000", "0123456789abcdef")
+DERIVED = Derived(
+    tenant_id="ns-demo",
+    embedding_cache_prefix="emb-1",
+    kv_cache_prefix="kv-1",
+    store_tp_size=2,
+    python_hash_seed=1234,
+    endpoint="http://demo-proxy.ns.svc:8000",
+    model_revision="0123456789abcdef",
+)
 
 EPD = [
     RoleWorkload(Role.MASTER, "Deployment", "demo-master", 1),

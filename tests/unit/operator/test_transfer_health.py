@@ -53,7 +53,14 @@ def test_transfer_ready_says_which_pair_fails_and_what_to_fix() -> None:
 
 
 def derived(*, required: bool, url: str | None = "http://proxy:8000/health") -> Derived:
-    return Derived("t", "", "", 0, 0, "http://proxy:8000", "rev", proxy_health_url=url, transfers_required=required)
+    return Derived(
+        tenant_id="t",
+        python_hash_seed=0,
+        endpoint="http://proxy:8000",
+        model_revision="rev",
+        proxy_health_url=url,
+        transfers_required=required,
+    )
 
 
 def facts(transfers: TransferStatus | None, d: Derived) -> status.Facts:

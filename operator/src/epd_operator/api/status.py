@@ -107,13 +107,10 @@ class TransferStatus(ApiModel):
     """The slowest last canary of a working pair (an encode and a token, or a prefill and a token)."""
 
 
-class EPDDeploymentStatus(ApiModel):
-    """Observed state of an EPDDeployment."""
+class DeploymentValues(ApiModel):
+    """What the operator derived for the spec it acted on: render makes them (`render.Derived` extends this) and the
+    status carries them as they are."""
 
-    observed_generation: int = 0
-    """The last spec generation the operator acted on."""
-    phase: Phase = "Pending"
-    """Summary: Pending, Progressing, Ready, Degraded or Invalid."""
     endpoint: str = ""
     """The proxy's in-cluster URL (OpenAI-compatible API)."""
     tenant_id: str = ""
@@ -127,6 +124,15 @@ class EPDDeploymentStatus(ApiModel):
     identity and weights source); pods with another value are from an earlier model."""
     store_tp_size: int = 0
     """The store TP (LCM of prefill TP sizes); 0 when no KV store is used."""
+
+
+class EPDDeploymentStatus(DeploymentValues):
+    """Observed state of an EPDDeployment: the derived values, then what the operator observed."""
+
+    observed_generation: int = 0
+    """The last spec generation the operator acted on."""
+    phase: Phase = "Pending"
+    """Summary: Pending, Progressing, Ready, Degraded or Invalid."""
     roles: dict[str, RoleStatus] = {}
     """Per role (master, storeClients, encoder, prefill, decode, pd, proxy)."""
     roles_ready: dict[str, str] = {}

@@ -17,23 +17,17 @@ from epd_connectors.config.mooncake import MooncakeStoreConfig
 from epd_connectors.config.roles import Role
 from epd_operator.api.resource import InvalidSpecError, OperatorDefaults, Owner
 from epd_operator.api.spec import EPDDeploymentSpec
+from epd_operator.api.status import DeploymentValues
 from epd_operator.derive import ports
 from epd_operator.derive.site import CLUSTER, Site
 from epd_operator.render import bundles_store, bundles_vllm, lm, objects, proxy, rules, store, validate
 from epd_operator.render.context import Context, Unit, build_context, units
 
 
-@dataclass(frozen=True)
-class Derived:
-    """What status reports."""
+class Derived(DeploymentValues):
+    """What status reports (`DeploymentValues`, as they are), and what the operator itself needs of the render."""
 
-    tenant_id: str
-    embedding_cache_prefix: str
-    kv_cache_prefix: str
-    store_tp_size: int
     python_hash_seed: int
-    endpoint: str
-    model_revision: str
     master_health_url: str | None = None
     """The Mooncake master's /health through its Service; None without a store."""
     master_metrics_url: str | None = None

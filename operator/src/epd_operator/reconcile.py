@@ -48,7 +48,8 @@ async def reconcile(
     """One pass; the new state (None: forget the deployment) and the seconds after which to pass again."""
     body = rt.world.deployments.get(key)
     touched = rt.world.take_touched(key)
-    if body is None:
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        # Gone, or going (a foreground deletion waits for its children): nothing to apply or repair.
         if before is not None:
             forget(rt, before)
         return None, None

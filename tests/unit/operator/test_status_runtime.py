@@ -378,3 +378,23 @@ def test_a_no_op_reconcile_after_a_status_write_posts_no_applied_event() -> None
     assert ("info", "Applied") not in events
     value = restarted.runtime.metrics.registry.get_sample_value
     assert value("epd_operator_reconciles_total", {"outcome": "unchanged"}) == 1
+
+
+def test_a_deployment_being_deleted_gets_no_apply_and_no_repair() -> None:
+    api = Api()
+    rt, _ = runtime(api)
+    going = body()
+    going["metadata"]["deletionTimestamp"] = "2026-12-06T00:00:00Z"
+
+    async def scenario() -> None:
+        await seen(rt, body())
+        api.requests.clear()
+        await seen(rt, going)  # a foreground deletion: the object stays until its children are gone
+        gone = workload(api, "demo-encoder")
+        del api.objects["/apis/apps/v1/namespaces/ns/deployments/demo-encoder"]
+        await child_seen(rt, "DELETED", "Deployment", gone)
+        await seen(rt, going)
+
+    asyncio.run(scenario())
+    assert api.requests == []
+    assert rt.states == {}

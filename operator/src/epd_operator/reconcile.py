@@ -30,7 +30,8 @@ from epd_operator.world import ChildKey, Key
 log = logging.getLogger(__name__)
 
 RETRY_DELAY_S = 5.0
-"""Before an apply the API server failed is tried again."""
+"""Before an apply the API server failed is tried again; doubled after each further failure, up to `RETRY_MAX_S`."""
+RETRY_MAX_S = 300.0
 
 TRANSIENT_STATUSES = frozenset({0, 404, 409, 429, 502, 503, 504})
 """API answers that say nothing about the object sent (no answer, busy, a race, a cache not caught up yet):
@@ -134,7 +135,9 @@ async def _apply(rt: Runtime, state: DeploymentState, touched: Touched) -> tuple
             state = replace(state, owner=owner, blocking=frozenset(), blocked=blocked)
             if not exc.retryable:
                 state = replace(state, refused_generation=generation)
-        return _announce_failure(rt, state, "ApplyFailed", str(exc)), RETRY_DELAY_S if exc.retryable else None
+        state = replace(_announce_failure(rt, state, "ApplyFailed", str(exc)), failed_applies=state.failed_applies + 1)
+        backoff = min(RETRY_DELAY_S * 2 ** (state.failed_applies - 1), RETRY_MAX_S)
+        return state, backoff if exc.retryable else None
     finally:
         rt.metrics.duration.observe(time.perf_counter() - began)
     _applied(rt, owner, candidate.objects, result)
@@ -142,7 +145,7 @@ async def _apply(rt: Runtime, state: DeploymentState, touched: Touched) -> tuple
     # The sync listed and applied every child: nothing touched or waiting is left to repair.
     state = replace(
         state, owner=owner, desired=candidate, synced_generation=generation, refused_generation=None,
-        blocked=None, blocking=frozenset(), failure="", waiting={},
+        blocked=None, blocking=frozenset(), failure="", failed_applies=0, waiting={},
     )  # fmt: skip
     return state, None
 

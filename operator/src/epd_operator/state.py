@@ -47,6 +47,8 @@ class DeploymentState:
     """The objects of other EPDDeployments in the way (a name conflict): their deletion retries the apply."""
     failure: str = ""
     """The message of the last failure announced, so a failure retried unchanged is announced once."""
+    failed_applies: int = 0
+    """Applies failed in a row (the retry waits longer after each)."""
     waiting: Mapping[ChildKey, tuple[float, dict[str, Any] | None]] = field(default_factory=dict)
     """Repairs waiting for their turn (pacing) or for a retry: when (monotonic s), and the child as last seen."""
     opened_gates: frozenset[str] = frozenset()

@@ -219,12 +219,17 @@ def test_api_failures_are_retried_by_the_queue() -> None:
     api.fail_applies = True
     rt, events = runtime(api)
 
-    async def scenario() -> float | None:
-        await seen(rt, body())
-        return rt.queue.due(KEY)
+    async def scenario() -> list[float | None]:
+        dues = []
+        for _ in range(3):  # the first pass, then two retries (brought forward here)
+            await seen(rt, body())
+            dues.append(rt.queue.due(KEY))
+        return dues
 
-    due = asyncio.run(scenario())
-    assert due is not None and 0 < due <= reconcile.RETRY_DELAY_S
+    dues = asyncio.run(scenario())
+    assert all(due is not None for due in dues)
+    first, second, third = (cast(float, due) for due in dues)
+    assert 0 < first <= reconcile.RETRY_DELAY_S < second <= 2 * reconcile.RETRY_DELAY_S < third, "backing off"
     assert [e for e in events if e[0] == "warn"] == [("warn", "ApplyFailed")]
     assert rt.runtime.metrics.registry.get_sample_value(
         "epd_operator_reconcile_errors_total", {"reason": "UnavailableError"}

@@ -13,6 +13,7 @@ import aiohttp
 
 from epd_connectors.config.bundle import PROXY_LIVENESS_PATH
 from epd_connectors.config.roles import Role
+from epd_connectors.proxy import errors
 from epd_connectors.proxy.app import ProxyApp
 from epd_connectors.proxy.settings import Limits, Timeouts
 from tests.proxy.harness import FAST, post_json, roster_of, run, serving
@@ -179,7 +180,8 @@ def test_no_healthy_instance_is_503_and_health_says_which_role() -> None:
         async with running(pd):
             app = ProxyApp(roster_of({Role.PD: [pd]}), options)
             async with serving(app) as url, aiohttp.ClientSession() as session:
-                status, body = await post_json(session, url + "/v1/chat/completions", chat())
+                async with session.post(url + "/v1/chat/completions", json=chat()) as r:
+                    status, body, retry_after = r.status, await r.json(), r.headers.get("retry-after")
                 async with session.get(url + "/health") as r:
                     health_status, health = r.status, await r.json()
                 async with session.get(url + PROXY_LIVENESS_PATH) as r:
@@ -189,10 +191,39 @@ def test_no_healthy_instance_is_503_and_health_says_which_role() -> None:
                 async with session.get(url + "/health") as r:
                     recovered = r.status
         assert status == 503 and "no healthy pd" in body["error"]["message"]
+        assert retry_after == str(errors.RETRY_AFTER_S)
         assert health_status == 503 and health["roles"] == {"pd": False}
         assert live == 200, "liveness follows the backends: a kubelet would restart a proxy that only waits"
         assert recovered == 200
         assert pd.requests == []
+
+    run(main)
+
+
+def test_a_request_whose_only_instance_goes_away_is_503_with_retry_after_not_502() -> None:
+    """The only PD goes (connection refused, as a deleted pod's address): the request that found it gone is told
+    to come back (503, Retry-After), as every request after it is; a PD that answers 500 while it is still healthy
+    stays a 502 (another attempt may pass)."""
+
+    async def main() -> None:
+        broken = StandIn("pd1", statuses=[500] * 8)
+        async with running(broken):
+            dead = dead_url()
+            answers = []
+            for pds in ([dead], [broken]):
+                app = ProxyApp(roster_of({Role.PD: pds}), FAST, probe=False)
+                async with serving(app) as url, aiohttp.ClientSession() as session:
+                    for _ in range(2):
+                        async with session.post(url + "/v1/chat/completions", json=chat()) as r:
+                            answers.append(
+                                (r.status, r.headers.get("retry-after"), (await r.json())["error"]["message"])
+                            )
+        (first, second, failing, _) = answers
+        assert (
+            first[:2] == (503, str(errors.RETRY_AFTER_S)) and "no healthy pd" in first[2] and "unreachable" in first[2]
+        )
+        assert second[:2] == (503, str(errors.RETRY_AFTER_S))
+        assert failing[:2] == (502, None)
 
     run(main)
 

@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 
 from epd_connectors.config.roles import Role
+from epd_connectors.proxy import errors
 from epd_operator.api import constants as c
 from epd_testenv import nodehost
 from tests.e2e.conftest import SETUP_HINT, TIMINGS, VllmInstance
@@ -123,7 +124,7 @@ class Load:
             try:
                 got = ask(self.epd.endpoint, chat(content), LOAD_CLIENT_TIMEOUT_S)
             except urllib.error.HTTPError as error:  # the proxy's answer: its body names the stage and instance
-                failure = f"{error}: {error.read()[:500]!r}"
+                failure = f"{error} (retry-after {error.headers.get('retry-after')}): {error.read()[:500]!r}"
             except (urllib.error.URLError, OSError, json.JSONDecodeError) as error:
                 failure = str(error)
             now = time.monotonic()
@@ -353,6 +354,9 @@ def test_a_deleted_decode_pod_is_replaced_and_traffic_recovers(epd: RealEPD, loa
     load.stop()
     load.report("decode pod deleted")
     assert not load.wrong, load.wrong
+    # While the only decode is gone, the proxy says so and when to come back: a 503, never a 502 or a hang.
+    told = f"HTTP Error 503: Service Unavailable (retry-after {errors.RETRY_AFTER_S})"
+    assert all(told in failure and "no healthy decode" in failure for failure in load.failed), load.failed
 
 
 def test_the_leading_masters_pod_deleted_under_load_another_master_leads_and_requests_go_on(

@@ -214,7 +214,7 @@ class ProxyApp:
         else:
             if error.status >= 500:
                 log.warning("%s -> %d: %s", endpoint, error.status, error.message)
-            await _send_json(reply, error.status, error.body())
+            await reply.send(error.status, JSON, dumps(error.body()), error.headers())
 
     async def _models(self, reply: Reply) -> None:
         role = self.roster.generator_role

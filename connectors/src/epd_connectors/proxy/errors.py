@@ -32,6 +32,10 @@ class ProxyError(Exception):
         """The OpenAI-shaped error object."""
         return {"error": {"message": self.message, "type": self.kind, "code": self.status}}
 
+    def headers(self) -> tuple[tuple[bytes, bytes], ...]:
+        """Headers of the answer besides its content type."""
+        return ()
+
 
 class BadRequestError(ProxyError):
     """The request cannot be served as sent; the message says what to change."""
@@ -49,11 +53,19 @@ class MediaUnavailableError(BadRequestError):
     status = 422
 
 
+RETRY_AFTER_S = 5
+"""What a 503 for a role without a healthy instance tells the client to wait: a replaced pod or a restarted
+engine takes longer, but a client that asks again sooner only gets another 503."""
+
+
 class NoInstanceError(ProxyError):
-    """No healthy instance of a role the request needs."""
+    """No healthy instance of a role the request needs (none ready, or the last one went while it was tried)."""
 
     status = 503
     kind = "service_unavailable"
+
+    def headers(self) -> tuple[tuple[bytes, bytes], ...]:
+        return ((b"retry-after", b"%d" % RETRY_AFTER_S),)
 
 
 class BackendUnavailableError(ProxyError):

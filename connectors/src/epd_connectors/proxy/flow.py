@@ -233,7 +233,10 @@ class Flow:
             url = routing.least_outstanding(self.roster.candidates(role), tried, self._tiebreak)
             instance = self.roster.get(role, url) if url is not None else None
             if instance is None:
-                raise last or NoInstanceError(f"no healthy {role.value} instance")
+                if last is not None and any(c.healthy and c.key not in avoid for c in self.roster.candidates(role)):
+                    raise last  # healthy instances are left, all tried: the last failure says why
+                gone = f" (the last one failed: {last.message})" if last is not None else ""
+                raise NoInstanceError(f"no healthy {role.value} instance{gone}") from last
             try:
                 return await attempt(instance)
             except ProxyError as error:

@@ -107,6 +107,10 @@ def mismatches(live: Any, want: Any, path: str = "") -> list[str]:
     return [f"{path}: {live!r} != {want!r}"]
 
 
+def _single_prefill(desired: Any) -> bool:
+    return sum(w.replicas or 0 for w in desired.workloads if w.role == "prefill") == 1
+
+
 # -- tests
 
 
@@ -132,8 +136,11 @@ def test_example_gets_every_child_and_becomes_ready(
     st = done["status"]
     print(f"{path.stem}: children {created_s:.2f} s, Ready {time.monotonic() - began:.2f} s")
     assert st["phase"] == "Ready"
-    assert all(x["status"] == "True" for x in st["conditions"])
     assert [x["type"] for x in st["conditions"]] == list(c.CONDITION_TYPES)
+    assert all(x["status"] == "True" for x in st["conditions"] if x["type"] != c.COND_REDUNDANT)
+    (redundant,) = [x for x in st["conditions"] if x["type"] == c.COND_REDUNDANT]
+    single = {w.role.value for w in want.workloads if w.replicas == 1} & {"encoder", "decode", "pd", "proxy"}
+    assert (redundant["status"] == "True") == (not single and not _single_prefill(want)), redundant
     assert st["endpoint"] == want.derived.endpoint and st["tenantId"] == want.derived.tenant_id
     assert (st["embeddingCachePrefix"], st["kvCachePrefix"], st["storeTpSize"]) == (
         want.derived.embedding_cache_prefix,

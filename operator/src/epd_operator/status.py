@@ -70,6 +70,10 @@ REASON_MASTER_UNREACHABLE = "MasterUnreachable"
 """The store's pods are ready, but the master does not answer the operator or does not serve."""
 REASON_NO_CAPACITY = "NoStoreCapacity"
 """The master serves, but no segment is mounted: every put would fail."""
+REASON_SINGLE_REPLICA = "SingleReplica"
+"""Redundant is False: a serving role runs one replica."""
+REASON_REPLICATED = "Replicated"
+"""Redundant is True: every serving role runs two or more."""
 PROGRESS_REASONS = frozenset({REASON_MISSING, REASON_ROLLING})
 """Reasons that mean "on its way", not "broken"."""
 
@@ -196,13 +200,18 @@ def _sum(observed: Sequence[Observed], roles: Sequence[str]) -> RoleStatus | Non
     )
 
 
+def _nothing_applied(facts: Facts) -> tuple[str, str]:
+    """The reason and message of a condition about the children while none were applied."""
+    if facts.blocked is not None and not facts.problems:
+        return facts.blocked[0], "nothing was applied yet: see Ready"
+    return REASON_INVALID, "no valid spec was applied yet"
+
+
 def _role_condition(
     facts: Facts, observed: Sequence[Observed] | None, kind: str, roles: Sequence[str], absent: str
 ) -> Condition:
     if observed is None:
-        reason, message = REASON_INVALID, "no valid spec was applied yet"
-        if facts.blocked is not None and not facts.problems:
-            reason, message = facts.blocked[0], "nothing was applied yet: see Ready"
+        reason, message = _nothing_applied(facts)
         return condition(facts.previous, kind, "Unknown", reason=reason, message=message, facts=facts)
     mine = [o for o in observed if o.workload.role in roles]
     if not mine:
@@ -219,6 +228,34 @@ def _role_condition(
     return condition(
         facts.previous, kind, "False", reason=reason, message="; ".join(s[2] for s in failing), facts=facts
     )
+
+
+SERVING_ROLES: tuple[tuple[Role, str], ...] = (
+    (Role.ENCODER, "media requests"),
+    (Role.PREFILL, "serving"),
+    (Role.DECODE, "serving"),
+    (Role.PD, "serving"),
+    (Role.PROXY, "serving"),
+)
+"""The roles a request passes through, and what losing the only pod of one stops."""
+
+
+def _redundancy_condition(facts: Facts, observed: Sequence[Observed] | None) -> Condition:
+    """Whether one pod loss can stop serving: a role that runs exactly one replica (over its pools) is named."""
+    if observed is None:
+        reason, message = _nothing_applied(facts)
+        return condition(facts.previous, c.COND_REDUNDANT, "Unknown", reason=reason, message=message, facts=facts)
+    single = []
+    for role, stops in SERVING_ROLES:
+        if sum(o.workload.replicas or 0 for o in observed if o.workload.role == role) == 1:
+            single.append(f"{role.value} has one replica: losing its pod stops {stops} until a new one is ready")
+    if single:
+        message = "; ".join(single)
+        return condition(
+            facts.previous, c.COND_REDUNDANT, "False", reason=REASON_SINGLE_REPLICA, message=message, facts=facts
+        )
+    message = "every serving role runs two or more replicas"
+    return condition(facts.previous, c.COND_REDUNDANT, "True", reason=REASON_REPLICATED, message=message, facts=facts)
 
 
 def _with_store(facts: Facts, pods: Condition) -> Condition:
@@ -313,7 +350,7 @@ def compute(facts: Facts) -> EPDDeploymentStatus:
     else:
         waiting = "; ".join(f"{x.type}: {x.message}" for x in waited_for if x.status != "True")
         ready = condition(prev, c.COND_READY, "False", reason=REASON_ROLES_NOT_READY, message=waiting, facts=facts)
-    conditions = [valid, *role_conditions, transfer, ready]
+    conditions = [valid, *role_conditions, transfer, ready, _redundancy_condition(facts, observed)]
 
     roles: dict[str, RoleStatus] = {}
     roles_ready: dict[str, str] = {}

@@ -3,6 +3,7 @@ rule that an unchanged world gives an equal status (so nothing is written)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -83,7 +84,7 @@ def cond(st: EPDDeploymentStatus, kind: str) -> tuple[str, str]:
 def test_everything_ready() -> None:
     st = status.compute(facts(all_ready(EPD)))
     assert [x.type for x in st.conditions] == list(c.CONDITION_TYPES)
-    assert all(x.status == "True" for x in st.conditions)
+    assert all(x.status == "True" for x in st.conditions if x.type != c.COND_REDUNDANT)  # one decode, one proxy
     assert all(x.observed_generation == 2 and x.last_transition_time == T0 for x in st.conditions)
     assert st.phase == "Ready"
     assert st.observed_generation == 2
@@ -207,5 +208,22 @@ def test_unreadable_stored_status_parses_as_empty() -> None:
 
 
 def test_condition_types_cover_every_role_condition() -> None:
-    assert [kind for kind, _, _ in status.ROLE_CONDITIONS] == list(c.CONDITION_TYPES[1:-2])
-    assert c.CONDITION_TYPES[-2] == c.COND_TRANSFER_READY
+    assert [kind for kind, _, _ in status.ROLE_CONDITIONS] == list(c.CONDITION_TYPES[1:-3])
+    assert c.CONDITION_TYPES[-3:] == (c.COND_TRANSFER_READY, c.COND_READY, c.COND_REDUNDANT)
+
+
+def test_redundant_names_each_serving_role_with_one_replica_over_its_pools() -> None:
+    # EPD: two encoders, two prefill pools of one replica each, one decode, one proxy (a store of one master).
+    st = status.compute(facts(all_ready(EPD)))
+    redundant = next(x for x in st.conditions if x.type == c.COND_REDUNDANT)
+    assert (redundant.status, redundant.reason) == ("False", status.REASON_SINGLE_REPLICA)
+    assert redundant.message.startswith("decode has one replica") and "proxy has one replica" in redundant.message
+    assert "prefill" not in redundant.message and "encoder" not in redundant.message
+    assert st.phase == "Ready", "not part of Ready"
+    doubled = [replace(w, replicas=2) if w.role in (Role.DECODE, Role.PROXY) else w for w in EPD]
+    st = status.compute(facts(all_ready(doubled)))
+    assert cond(st, c.COND_REDUNDANT) == ("True", status.REASON_REPLICATED)
+    single_encoder = status.compute(facts(all_ready(PD)))
+    assert "encoder has one replica: losing its pod stops media requests" in next(
+        x.message for x in single_encoder.conditions if x.type == c.COND_REDUNDANT
+    )

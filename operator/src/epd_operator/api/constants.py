@@ -65,6 +65,8 @@ COND_DECODE_READY: Final = "DecodeReady"
 COND_PROXY_READY: Final = "ProxyReady"
 COND_TRANSFER_READY: Final = "TransferReady"
 COND_READY: Final = "Ready"
+COND_REDUNDANT: Final = "Redundant"
+"""Every serving role runs two or more replicas: no single pod loss stops serving. Not part of Ready."""
 CONDITION_TYPES: Final = (
     COND_VALID,
     COND_STORE_READY,
@@ -74,6 +76,7 @@ CONDITION_TYPES: Final = (
     COND_PROXY_READY,
     COND_TRANSFER_READY,
     COND_READY,
+    COND_REDUNDANT,
 )
 
 GPU_RESOURCE: Final = "nvidia.com/gpu"

@@ -26,7 +26,7 @@ class Condition(ApiModel):
     """A standard Kubernetes condition (metav1.Condition)."""
 
     type: str
-    """Valid, StoreReady, EncodersReady, PrefillReady, DecodeReady, ProxyReady, TransferReady or Ready."""
+    """Valid, StoreReady, EncodersReady, PrefillReady, DecodeReady, ProxyReady, TransferReady, Ready or Redundant."""
     status: Literal["True", "False", "Unknown"]
     """Whether the condition holds."""
     reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
@@ -142,4 +142,5 @@ class EPDDeploymentStatus(DeploymentValues):
     transfers: TransferStatus | None = None
     """The transfer paths as the proxy's canaries find them; unset while the operator does not read them."""
     conditions: list[Condition] = []
-    """Valid, StoreReady, EncodersReady, PrefillReady, DecodeReady, ProxyReady, TransferReady, Ready."""
+    """Valid, StoreReady, EncodersReady, PrefillReady, DecodeReady, ProxyReady, TransferReady, Ready, Redundant
+    (every serving role runs two or more replicas; not part of Ready)."""

@@ -348,6 +348,16 @@ def test_a_deleted_decode_pod_is_replaced_and_traffic_recovers(epd: RealEPD, loa
     (decode,) = [p for p in epd.pods() if p["metadata"]["labels"][c.LABEL_COMPONENT] == "decode"]
     began = time.monotonic()
     epd.kubectl.run("delete", "pod", "-n", epd.namespace, decode["metadata"]["name"], "--wait=false")
+
+    def decode_not_ready() -> str | None:
+        """DecodeReady's message once it is False."""
+        found = next(x for x in epd.get()["status"]["conditions"] if x["type"] == c.COND_DECODE_READY)
+        return str(found["message"]) if found["status"] == "False" else None
+
+    # The status names the role that has no ready instance within seconds (its workload's watch event).
+    message = eventually(decode_not_ready, "DecodeReady False", 30, poll_s=0.2)
+    TIMINGS.add("real pods: decode pod deleted -> DecodeReady False", time.monotonic() - began)
+    assert "decode" in message, message
     eventually(lambda: settled(epd) and load.last_ok > began + 1, "a new decode and a request served", ROLL_TIMEOUT_S)
     TIMINGS.add("real pods: decode pod deleted -> requests succeed again", time.monotonic() - began)
     epd.forget(Role.DECODE)

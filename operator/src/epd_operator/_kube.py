@@ -153,6 +153,9 @@ class Client:
         """A client for `connection`; raises KubeError when no configuration can be loaded."""
         configuration = kube_client.Configuration()
         configuration.connection_pool_maxsize = connection.pool_size
+        # No proxy or .netrc from the environment: aiohttp looked both up, in a thread, for every request (a
+        # kubeconfig's proxy-url still applies: the client passes it per request).
+        configuration.client_session_kwargs = {"trust_env": False}
         path = connection.kubeconfig or os.environ.get("KUBECONFIG")
         in_cluster = path is None and bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
         try:

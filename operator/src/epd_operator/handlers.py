@@ -36,8 +36,23 @@ MODEL_POD_SELECTOR = f"{CHILD_SELECTOR},{c.LABEL_MODEL_REVISION}"
 _MODEL_POD_LABELS: Mapping[str, Any] = {**_CHILD_LABELS, c.LABEL_MODEL_REVISION: kopf.PRESENT}
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """kopf keeps no diff base: every handler here is an event handler, which never reads one, and building it
+    deep-copied every watched body (a tenth of the operator's CPU with fifty deployments coming up at once)."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
+
+
 def configure(settings: kopf.OperatorSettings) -> None:
-    """Our kopf settings: child watches filtered by label, Events under our name."""
+    """Our kopf settings: no diff base, child watches filtered by label, Events under our name."""
+    settings.persistence.diffbase_storage = NoDiffBase()
     for kind in apply.MANAGED_KINDS:
         settings.watching.label_selectors[kind.api_version, kind.plural] = CHILD_SELECTOR
     settings.watching.label_selectors["v1", "pods"] = MODEL_POD_SELECTOR

@@ -77,12 +77,15 @@ def test_kopf_settings() -> None:
     assert "app.kubernetes.io/managed-by=epd-operator" in handlers.CHILD_SELECTOR
 
 
-def test_no_handler_needs_a_finalizer() -> None:
-    # Deletion handlers, daemons and timers make kopf add a finalizer; owner references do our cleanup.
-    changing = handlers.registry._changing.get_all_handlers()
-    assert {h.reason for h in changing if h.reason is not None} <= {kopf.Reason.CREATE, kopf.Reason.UPDATE}
-    assert not any(h.requires_finalizer for h in changing)
+def test_every_handler_is_an_event_handler_so_kopf_keeps_no_state_on_our_objects() -> None:
+    # Change handlers make kopf write annotations and read a diff base; deletion handlers, daemons and timers make
+    # it add a finalizer. Owner references do our cleanup, and the controller keeps its own state.
+    assert handlers.registry._changing.get_all_handlers() == []
     assert handlers.registry._spawning.get_all_handlers() == []
+    assert len(handlers.registry._watching.get_all_handlers()) == 2 + len(apply.MANAGED_KINDS)
+    diffbase = main.kopf_settings().persistence.diffbase_storage
+    body = kopf.Body({"metadata": {"name": "x"}, "spec": {"big": list(range(1000))}})
+    assert isinstance(diffbase, handlers.NoDiffBase) and diffbase.build(body=body) == {}
 
 
 def test_metrics_sum_over_deployments() -> None:

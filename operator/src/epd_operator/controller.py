@@ -41,7 +41,12 @@ class Controller:
         if event_type == "DELETED":
             self.runtime.world.forget(key)
         else:
-            self.runtime.world.deployments[key] = {k: body[k] for k in ("metadata", "spec", "status") if k in body}
+            meta = {k: v for k, v in body["metadata"].items() if k != "managedFields"}  # never read: not kept
+            self.runtime.world.deployments[key] = {
+                "metadata": meta,
+                "spec": body.get("spec"),
+                "status": body.get("status"),
+            }
         self.queue.add(key)
 
     def child_seen(self, event_type: str | None, kind: str, obj: dict[str, Any]) -> None:

@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from epd_operator import _kube, apply, repairs, status, store_watch, transfer_watch
-from epd_operator.api.resource import InvalidSpecError, parse_spec
+from epd_operator.api.resource import InvalidSpecError, Owner, parse_spec
 from epd_operator.gates import open_gates
 from epd_operator.polling import Poll
 from epd_operator.publish import publish
@@ -150,7 +150,7 @@ async def _apply(rt: Runtime, state: DeploymentState, touched: Touched) -> tuple
     return state, None
 
 
-def _applied(rt: Runtime, owner: Any, objects: list[dict[str, Any]], result: apply.SyncResult) -> None:
+def _applied(rt: Runtime, owner: Owner, objects: list[dict[str, Any]], result: apply.SyncResult) -> None:
     """Keep the workloads' answers (status reads them before their watch events come); count, announce, log."""
     for obj in result.live:
         rt.world.remember(apply.key_of(obj), obj, watched=False)

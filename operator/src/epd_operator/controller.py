@@ -36,14 +36,13 @@ class Controller:
 
     def deployment_seen(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         """An EPDDeployment was listed, added, changed or deleted."""
-        meta = body["metadata"]
-        key = (meta["namespace"], meta["name"])
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
         if event_type == "DELETED":
             self.runtime.world.forget(key)
         else:
-            meta = {k: v for k, v in body["metadata"].items() if k != "managedFields"}  # never read: not kept
+            kept = {k: v for k, v in body["metadata"].items() if k != "managedFields"}  # never read
             self.runtime.world.deployments[key] = {
-                "metadata": meta,
+                "metadata": kept,
                 "spec": body.get("spec"),
                 "status": body.get("status"),
             }

@@ -42,7 +42,9 @@ def test_a_refused_proxy_logs_one_line_per_attempt_and_fills_its_roster_once_all
 
     async def main() -> None:
         watches = [RoleWatch(Role.PD, "vl-pd", port=8000)]
-        app = ProxyApp(roster, FAST, discovery=kubernetes_discovery("ns", watches, client_loader=lambda: kube))
+        app = ProxyApp(
+            roster, FAST, discovery=kubernetes_discovery("ns", watches, client_loader=lambda: kube), probe=False
+        )
         await app.startup()
         try:
             for _ in range(300):

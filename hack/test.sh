@@ -27,6 +27,7 @@ setup() { stage "$@" || { rc=$?; echo "make test: set-up stage '$1' failed (rc $
 # Lines of a stage that runs beside others, marked with its name.
 marked() { sed -u -e "s/^/[$1] /"; }
 
+setup "disk space" -- hack/check-disk.sh "$venv" "$venv_e2e" "$venv_vllm033"
 stage "Go builds (control plane, kwok, helm, CoreDNS, Prometheus)" -- hack/build-k8s-tools.sh "$bin_dir" \
   > >(marked go) 2>&1 &
 go_builds=$!

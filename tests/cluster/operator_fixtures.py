@@ -60,6 +60,7 @@ CHILD_KINDS = (
     ("rbac.authorization.k8s.io/v1", "roles"),
     ("rbac.authorization.k8s.io/v1", "rolebindings"),
     *WORKLOADS,
+    ("autoscaling/v2", "horizontalpodautoscalers"),
 )
 """Every kind the operator may create (apply.MANAGED_KINDS, spelled as REST paths)."""
 

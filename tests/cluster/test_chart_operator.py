@@ -227,6 +227,8 @@ GRANTED: tuple[Access, ...] = (
     *((v, "", r, "") for r in ("configmaps", "services") for v in ("list", "watch", "create", "patch", "delete")),
     *((v, "networking.k8s.io", "networkpolicies", "") for v in ("list", "watch", "create", "patch", "delete")),
     *((v, "policy", "poddisruptionbudgets", "") for v in ("list", "watch", "create", "patch", "delete")),
+    *((v, "autoscaling", "horizontalpodautoscalers", "") for v in ("list", "watch", "create", "patch", "delete")),
+    *((v, "keda.sh", "scaledobjects", "") for v in ("list", "watch", "create", "patch", "delete")),
     *((v, "", "serviceaccounts", "") for v in ("list", "watch", "create", "patch", "delete")),
     *(
         (v, "rbac.authorization.k8s.io", r, "")

@@ -86,6 +86,8 @@ WATCHED_RULES = (
     | flat("", ["configmaps", "services"], ["list", "watch", "create", "patch", "delete"])
     | flat("networking.k8s.io", ["networkpolicies"], ["list", "watch", "create", "patch", "delete"])
     | flat("policy", ["poddisruptionbudgets"], ["list", "watch", "create", "patch", "delete"])
+    | flat("autoscaling", ["horizontalpodautoscalers"], ["list", "watch", "create", "patch", "delete"])
+    | flat("keda.sh", ["scaledobjects"], ["list", "watch", "create", "patch", "delete"])
     | flat("", ["serviceaccounts"], ["list", "watch", "create", "patch", "delete"])
     | flat("rbac.authorization.k8s.io", ["roles", "rolebindings"], ["list", "watch", "create", "patch", "delete"])
     | flat("discovery.k8s.io", ["endpointslices"], ["get", "list", "watch"])

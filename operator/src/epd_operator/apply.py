@@ -51,6 +51,9 @@ class Kind:
     api_version: str
     kind: str
     plural: str
+    crd: bool = False
+    """Served only where its CRD is installed (KEDA's): a listing answered 404 holds nothing, and an apply answered
+    404 says which kind the cluster lacks (`MissingKindError`)."""
 
     def collection(self, namespace: str) -> str:
         return _kube.collection_path(self.api_version, self.plural, namespace)
@@ -67,6 +70,8 @@ MANAGED_KINDS: tuple[Kind, ...] = (
     Kind("apps/v1", "StatefulSet", "statefulsets"),
     Kind("apps/v1", "DaemonSet", "daemonsets"),
     Kind("apps/v1", "Deployment", "deployments"),
+    Kind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers"),
+    Kind("keda.sh/v1alpha1", "ScaledObject", "scaledobjects", crd=True),
 )
 """Every kind render produces; pruning lists exactly these (one request each, so no speculative kinds: a new
 kind in render is added here, and `sync` refuses a desired object of a kind missing here)."""
@@ -234,16 +239,50 @@ async def apply(
 
     Given `live` (the object as last listed or watched), an apply the server refuses because another manager
     added entries to one of our keyed lists is sent again once those entries are gone (see the module doc):
-    two writes, two answers.
+    two writes, two answers. A workload that becomes autoscaled has its replicas handed over first
+    (`releases_replicas`), one more write.
     """
+    first = [await _hand_over_replicas(client, live)] if live is not None and releases_replicas(obj, live) else []
     try:
-        return [await _apply(client, obj)]
+        return [*first, await _apply(client, obj)]
     except _kube.InvalidError:
         doomed = managed_fields.foreign_entries(live, obj) if live is not None else []
         if live is None or not doomed:
             raise
         removed = await _remove(client, live, doomed)
-    return [removed, await _apply(client, obj)]
+    return [*first, removed, await _apply(client, obj)]
+
+
+REPLICAS: tuple[str, str] = ("spec", "replicas")
+
+
+def releases_replicas(desired: dict[str, Any], live: dict[str, Any]) -> bool:
+    """Whether this apply lets go of replicas we own (the role became autoscaled): a workload rendered without
+    them whose live replicas are in our apply entry (pure)."""
+    return (
+        desired["kind"] in WORKLOAD_KINDS
+        and "replicas" not in desired.get("spec", {})
+        and managed_fields.owns(live, REPLICAS)
+    )
+
+
+async def _hand_over_replicas(client: _kube.Requester, live: dict[str, Any]) -> dict[str, Any]:
+    """Let a second manager own the live replica count, so that our apply leaving it out keeps the count as it is
+    (the autoscaler then takes it over) instead of resetting it."""
+    meta = live["metadata"]
+    handoff = {
+        "apiVersion": live["apiVersion"],
+        "kind": live["kind"],
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+        "spec": {"replicas": live["spec"]["replicas"]},
+    }
+    return await client.request(
+        "PATCH",
+        f"{kind_of(live).collection(meta['namespace'])}/{meta['name']}",
+        query={"fieldManager": c.REPLICAS_HANDOFF_MANAGER, "force": "true"},
+        body=handoff,
+        content_type=_kube.APPLY_PATCH,
+    )
 
 
 async def current(client: _kube.Requester, obj: dict[str, Any]) -> dict[str, Any] | None:
@@ -284,8 +323,10 @@ async def _apply(client: _kube.Requester, obj: dict[str, Any]) -> dict[str, Any]
             content_type=_kube.APPLY_PATCH,
         )
     except _kube.NotFoundError as exc:
-        # An apply creates what is missing, so a 404 names something not there yet (a RoleBinding's Role
-        # missing from the API server's cache for its escalation check): worth a retry.
+        # An apply creates what is missing, so a 404 names something not there yet: the kind itself (a CRD not
+        # installed), or a RoleBinding's Role missing from the API server's cache for its escalation check.
+        if kind.crd:
+            raise MissingKindError(kind, exc) from exc
         raise RetryableNotFoundError(exc.method, exc.path, exc.status, exc.reason, exc.message) from exc
 
 
@@ -293,6 +334,17 @@ class RetryableNotFoundError(_kube.NotFoundError):
     """404 answered to an apply (see `apply`): retried with backoff."""
 
     retryable = True
+
+
+class MissingKindError(RetryableNotFoundError):
+    """The cluster serves no such kind (its CRD is not installed); retried, so installing it later is picked up."""
+
+    def __init__(self, kind: Kind, exc: _kube.KubeError) -> None:
+        message = (
+            f"the cluster serves no {kind.api_version} {kind.kind} (its CRD is not installed). Fix: install KEDA, "
+            "or set the role's autoscaling.engine to hpa"
+        )
+        super().__init__(exc.method, exc.path, exc.status, exc.reason, message)
 
 
 def selector(owner_name: str) -> str:
@@ -306,7 +358,14 @@ async def list_children(
     """Every object of the managed kinds carrying the deployment's labels (one list request per kind)."""
 
     async def one(kind: Kind) -> list[dict[str, Any]]:
-        listed = await client.request("GET", kind.collection(namespace), query={"labelSelector": selector(owner_name)})
+        try:
+            listed = await client.request(
+                "GET", kind.collection(namespace), query={"labelSelector": selector(owner_name)}
+            )
+        except _kube.NotFoundError:
+            if kind.crd:
+                return []  # not installed: nothing of the kind can exist
+            raise
         items: list[dict[str, Any]] = listed.get("items") or []
         for item in items:  # list items carry no apiVersion/kind
             item.setdefault("apiVersion", kind.api_version)

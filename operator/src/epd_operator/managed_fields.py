@@ -42,6 +42,19 @@ def _is_ours(entry: dict[str, Any]) -> bool:
     return manager == c.FIELD_MANAGER and operation == "Apply" and not entry.get("subresource")
 
 
+def owns(live: dict[str, Any], path: Sequence[str]) -> bool:
+    """Whether our server-side apply entry owns the plain (not keyed-list) field at `path`."""
+    for entry in live.get("metadata", {}).get("managedFields") or []:
+        if not _is_ours(entry):
+            continue
+        fields: Any = entry.get("fieldsV1") or {}
+        for name in path:
+            fields = fields.get(f"f:{name}") if isinstance(fields, dict) else None
+        if fields is not None:
+            return True
+    return False
+
+
 Step = str | dict[str, Any]
 """One step into an object: a field name, or the key fields of an entry of a keyed list."""
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from epd_operator import _kube, calls, status
+from epd_operator import _kube, autoscalers, calls, status
 from epd_operator.api import constants as c
 from epd_operator.api.status import EPDDeploymentStatus
 from epd_operator.runtime import Runtime
@@ -30,6 +30,7 @@ def facts(rt: Runtime, state: DeploymentState) -> status.Facts:
             status.observe(w, rt.world.workloads.get((w.kind, owner.namespace, w.name))) for w in desired.workloads
         ]
     return status.Facts(
+        autoscalers=_autoscalers(rt, state),
         generation=owner.generation,
         problems=state.problems,
         observed=observed,
@@ -40,6 +41,30 @@ def facts(rt: Runtime, state: DeploymentState) -> status.Facts:
         store=state.store,
         transfers=state.transfers,
     )
+
+
+def _autoscalers(rt: Runtime, state: DeploymentState) -> list[autoscalers.Reading]:
+    owner, desired = state.owner, state.desired
+    if desired is None:
+        return []
+    found = []
+    for w in desired.workloads:
+        if w.autoscaler is None:
+            continue
+        live = rt.world.workloads.get((w.kind, owner.namespace, w.name))
+        replicas = ((live or {}).get("spec") or {}).get("replicas", 0)
+        found.append(
+            autoscalers.Reading(
+                what=w.role.value,
+                kind=w.autoscaler,
+                name=w.name,
+                live=rt.world.workloads.get((w.autoscaler, owner.namespace, w.name)),
+                replicas=replicas if isinstance(replicas, int) else 0,
+                minimum=w.bounds[0],
+                maximum=w.bounds[1],
+            )
+        )
+    return found
 
 
 async def publish(rt: Runtime, state: DeploymentState) -> tuple[DeploymentState, float | None]:

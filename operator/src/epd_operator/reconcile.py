@@ -130,7 +130,7 @@ async def _apply(rt: Runtime, state: DeploymentState, touched: Touched) -> tuple
     except _kube.KubeError as exc:
         rt.metrics.reconciles.labels("error").inc()
         rt.metrics.errors.labels(type(exc).__name__).inc()
-        if exc.status not in TRANSIENT_STATUSES:
+        if exc.status not in TRANSIENT_STATUSES or isinstance(exc, apply.MissingKindError):
             blocked = (status.REASON_APPLY_FAILED, f"the API server refused a child: {exc}")
             state = replace(state, owner=owner, blocking=frozenset(), blocked=blocked)
             if not exc.retryable:

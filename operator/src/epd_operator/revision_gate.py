@@ -81,5 +81,8 @@ def open_gate_patch(pod: ModelPod, now: str) -> dict[str, Any]:
 
 
 def model_roles(workloads: Iterable[RoleWorkload]) -> frozenset[str]:
-    """The model roles a whole set needs: those with replicas in the current render."""
-    return frozenset(w.role.value for w in workloads if w.role in VLLM_ROLES and (w.replicas or 0) > 0)
+    """The model roles a whole set needs: those with replicas in the current render (an autoscaled one keeps 1 or
+    more)."""
+    return frozenset(
+        w.role.value for w in workloads if w.role in VLLM_ROLES and ((w.replicas or 0) > 0 or w.autoscaled)
+    )

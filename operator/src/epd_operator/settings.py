@@ -85,6 +85,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--proxy-image", help=f"default proxy image ({defaults.proxy_image})")
     p.add_argument("--mooncake-image", help=f"default master and store-client image ({defaults.mooncake_image})")
     p.add_argument("--gpu-resource", help=f"extended resource name of a GPU ({defaults.gpu_resource})")
+    p.add_argument("--prometheus-url", help="the Prometheus KEDA's triggers query for autoscaled roles (default: none)")
     p.add_argument(
         "--concurrent-reconciles",
         type=int,
@@ -139,6 +140,7 @@ def parse(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Settings:
             proxy_image=given.value("proxy_image", base.proxy_image, str) or base.proxy_image,
             mooncake_image=given.value("mooncake_image", base.mooncake_image, str) or base.mooncake_image,
             gpu_resource=given.value("gpu_resource", base.gpu_resource, str) or base.gpu_resource,
+            prometheus_url=given.value("prometheus_url", "", str) or None,
             operator_peer=_operator_peer(given.value("pod_namespace", "", str), given.value("pod_labels", "", str)),
         ),
         store_poll_interval_s=max(0.0, given.value("store_poll_interval", DEFAULT_STORE_POLL_INTERVAL_S, float)),

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from epd_connectors.config.roles import Role
+from epd_operator import autoscalers
 from epd_operator.api import constants as c
 from epd_operator.api.status import (
     Condition,
@@ -173,6 +174,8 @@ class Facts:
     transfers: TransferStatus | None = None
     """The proxy's canary report (transfer_health); None while the operator does not read it, and then
     TransferReady does not hold Ready back."""
+    autoscalers: Sequence[autoscalers.Reading] = ()
+    """The autoscaled workloads of the last applied render and their autoscalers as last seen."""
 
 
 def condition(
@@ -196,7 +199,10 @@ def _sum(observed: Sequence[Observed], roles: Sequence[str]) -> RoleStatus | Non
     if not mine:
         return None
     return RoleStatus(
-        desired=sum(o.desired for o in mine), ready=sum(o.ready for o in mine), updated=sum(o.updated for o in mine)
+        desired=sum(o.desired for o in mine),
+        ready=sum(o.ready for o in mine),
+        updated=sum(o.updated for o in mine),
+        current=sum(o.current for o in mine),
     )
 
 
@@ -247,7 +253,7 @@ def _redundancy_condition(facts: Facts, observed: Sequence[Observed] | None) -> 
         return condition(facts.previous, c.COND_REDUNDANT, "Unknown", reason=reason, message=message, facts=facts)
     single = []
     for role, stops in SERVING_ROLES:
-        if sum(o.workload.replicas or 0 for o in observed if o.workload.role == role) == 1:
+        if sum(o.desired for o in observed if o.workload.role == role) == 1:  # an autoscaler's count as it is now
             single.append(f"{role.value} has one replica: losing its pod stops {stops} until a new one is ready")
     if single:
         message = "; ".join(single)
@@ -350,7 +356,15 @@ def compute(facts: Facts) -> EPDDeploymentStatus:
     else:
         waiting = "; ".join(f"{x.type}: {x.message}" for x in waited_for if x.status != "True")
         ready = condition(prev, c.COND_READY, "False", reason=REASON_ROLES_NOT_READY, message=waiting, facts=facts)
-    conditions = [valid, *role_conditions, transfer, ready, _redundancy_condition(facts, observed)]
+    scaling = autoscalers.condition(facts.autoscalers)
+    conditions = [
+        valid,
+        *role_conditions,
+        transfer,
+        ready,
+        _redundancy_condition(facts, observed),
+        condition(prev, c.COND_AUTOSCALING, scaling[0], reason=scaling[1], message=scaling[2], facts=facts),
+    ]
 
     roles: dict[str, RoleStatus] = {}
     roles_ready: dict[str, str] = {}

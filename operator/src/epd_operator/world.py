@@ -37,8 +37,12 @@ def controller_uid(meta: Mapping[str, Any]) -> str | None:
     return next((r.get("uid") for r in refs if r.get("controller") and r.get("kind") == c.KIND), None)
 
 
+KEPT_KINDS = apply.WORKLOAD_KINDS | {"HorizontalPodAutoscaler", "ScaledObject"}
+"""The kinds status reads: workloads and their autoscalers."""
+
+
 def trim(body: Mapping[str, Any]) -> dict[str, Any]:
-    """The parts of a workload status reads (a watch body holds the whole pod template)."""
+    """The parts of a workload (or an autoscaler) status reads (a watch body holds the whole pod template)."""
     meta = body.get("metadata", {})
     return {
         "metadata": {k: meta[k] for k in ("name", "uid", "generation", "deletionTimestamp") if k in meta},
@@ -70,7 +74,7 @@ class World:
         grows for one uid): a watch event wins ties, since it carries the latest status; an apply or list answer
         counts only when it shows a generation not seen yet.
         """
-        if key[0] not in apply.WORKLOAD_KINDS:
+        if key[0] not in KEPT_KINDS:
             return
         old = self.workloads.get(key)
         new_meta = body.get("metadata", {})
@@ -82,7 +86,7 @@ class World:
 
     def child_seen(self, deleted: bool, key: ChildKey, body: dict[str, Any], owners: list[Key]) -> None:
         """A child's watch event: its workload state, and a touch for each deployment that may act on it."""
-        if key[0] in apply.WORKLOAD_KINDS:
+        if key[0] in KEPT_KINDS:
             if not deleted:
                 self.remember(key, body, watched=True)
             elif self.workloads.get(key, {}).get("metadata", {}).get("uid") == body.get("metadata", {}).get("uid"):

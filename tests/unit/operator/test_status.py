@@ -90,7 +90,7 @@ def test_everything_ready() -> None:
     assert st.observed_generation == 2
     assert st.roles_ready == {"encoder": "2/2", "prefill": "2/2", "decode": "1/1", "store": "5/5", "proxy": "1/1"}
     assert set(st.roles) == {"master", "storeClients", "encoder", "prefill", "decode", "proxy"}
-    assert st.roles["storeClients"].model_dump() == {"desired": 4, "ready": 4, "updated": 4}
+    assert st.roles["storeClients"].model_dump() == {"desired": 4, "ready": 4, "updated": 4, "current": 4}
     assert (st.endpoint, st.tenant_id, st.embedding_cache_prefix, st.kv_cache_prefix, st.store_tp_size) == (
         "http://demo-proxy.ns.svc:8000",
         "ns-demo",
@@ -208,8 +208,8 @@ def test_unreadable_stored_status_parses_as_empty() -> None:
 
 
 def test_condition_types_cover_every_role_condition() -> None:
-    assert [kind for kind, _, _ in status.ROLE_CONDITIONS] == list(c.CONDITION_TYPES[1:-3])
-    assert c.CONDITION_TYPES[-3:] == (c.COND_TRANSFER_READY, c.COND_READY, c.COND_REDUNDANT)
+    assert [kind for kind, _, _ in status.ROLE_CONDITIONS] == list(c.CONDITION_TYPES[1:-4])
+    assert c.CONDITION_TYPES[-4:] == (c.COND_TRANSFER_READY, c.COND_READY, c.COND_REDUNDANT, c.COND_AUTOSCALING)
 
 
 def test_redundant_names_each_serving_role_with_one_replica_over_its_pools() -> None:

@@ -24,7 +24,8 @@ class Rule(Generic[M]):
     """One rule: where it points, when it holds, and how to fix it."""
 
     field: str
-    """The spec field the message names."""
+    """The spec field the message names; one starting with "." is relative to wherever the model sits (a model used
+    in several places), and `resource.parse_spec` puts the path in front."""
     holds: Callable[[M], bool]
     value: Callable[[M], object]
     """The offending value the message shows."""
@@ -41,7 +42,9 @@ class Rule(Generic[M]):
 
     def cel_rule(self) -> dict[str, str]:
         assert self.cel is not None
-        return {"rule": self.cel, "message": self.cel_message or f"{self.field}: {self.problem}; {self.fix}"}
+        # The API server names the object's path itself before a message.
+        field = self.field.removeprefix(".")
+        return {"rule": self.cel, "message": self.cel_message or f"{field}: {self.problem}; {self.fix}"}
 
 
 def broken(model: M, rules: tuple[Rule[M], ...]) -> list[str]:

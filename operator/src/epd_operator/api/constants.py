@@ -19,6 +19,9 @@ SHORT_NAMES: Final = ("epd",)
 
 FIELD_MANAGER: Final = "epd-operator"
 """The one server-side-apply field manager for everything the operator writes."""
+REPLICAS_HANDOFF_MANAGER: Final = "epd-operator-replicas-handoff"
+"""Holds a workload's replicas for the moment the operator lets go of them to an autoscaler: without a second
+owner, an apply that leaves out a field only we own resets it (a Deployment to 1 replica)."""
 
 # Recommended labels (kubernetes.io/docs/concepts/overview/working-with-objects/common-labels) plus our role.
 LABEL_NAME: Final = "app.kubernetes.io/name"
@@ -67,6 +70,9 @@ COND_TRANSFER_READY: Final = "TransferReady"
 COND_READY: Final = "Ready"
 COND_REDUNDANT: Final = "Redundant"
 """Every serving role runs two or more replicas: no single pod loss stops serving. Not part of Ready."""
+COND_AUTOSCALING: Final = "Autoscaling"
+"""Every autoscaled role's autoscaler can scale (else its own reason); True when none is autoscaled. Not part of
+Ready."""
 CONDITION_TYPES: Final = (
     COND_VALID,
     COND_STORE_READY,
@@ -77,6 +83,7 @@ CONDITION_TYPES: Final = (
     COND_TRANSFER_READY,
     COND_READY,
     COND_REDUNDANT,
+    COND_AUTOSCALING,
 )
 
 GPU_RESOURCE: Final = "nvidia.com/gpu"

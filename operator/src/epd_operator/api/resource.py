@@ -57,6 +57,9 @@ class OperatorDefaults:
     """Image of the Mooncake master and store-client pods."""
     gpu_resource: str = c.GPU_RESOURCE
     """Extended resource name of a GPU."""
+    prometheus_url: str | None = None
+    """The Prometheus that KEDA's triggers query for autoscaled roles (engine keda); None: none known, and such a
+    role is refused with the fix."""
     operator_peer: OperatorPeer | None = None
     """Where the operator runs: a store master's NetworkPolicy admits it to the metrics port, where the operator
     reads the store's health. None outside a cluster (nothing to admit)."""
@@ -77,6 +80,9 @@ def parse_spec(spec: dict[str, Any]) -> EPDDeploymentSpec:
             msg = err["msg"].removeprefix("Value error, ")
             if msg.startswith("spec."):
                 problems.extend(msg.split("; "))  # cross-field rules already name their fields
+            elif msg.startswith("."):  # rules of a model used in several places name fields relative to it
+                where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"])
+                problems.extend(f"spec{where}{m}" for m in msg.split("; "))
             else:
                 problems.append(f"spec.{loc} = {err.get('input')!r}: {msg}" if loc else msg)
         raise InvalidSpecError(problems) from exc

@@ -13,6 +13,7 @@ from epd_connectors.config.media import HOST_NAME, MediaAccess
 from epd_operator.api import kube as k
 from epd_operator.api._base import ApiModel, EnvMap, LabelMap, NodePath, PositiveQuantity, Resources
 from epd_operator.api._rules import Rule, RuledModel
+from epd_operator.api.autoscaling import AutoscalingSpec
 from epd_operator.api.model import HostPathSource, ModelSpec, PvcSource
 from epd_operator.api.store import StoreSpec
 
@@ -66,7 +67,9 @@ class CrossEncoderCacheSpec(ApiModel):
 
 class _RoleCommon(ApiModel):
     replicas: int = Field(default=1, ge=0, le=k.REPLICAS_MAX)
-    """Instances of this role."""
+    """Instances of this role (not used with autoscaling)."""
+    autoscaling: AutoscalingSpec | None = None
+    """Let the role's load set its replicas (KEDA or an HPA) between bounds."""
     resources: Resources = Resources()
     """Container resources; the GPU count is set from the tensor parallel size."""
     extra_args: list[Annotated[str, Field(max_length=k.STRING_MAX)]] = Field(default=[], max_length=k.MAP_MAX)
@@ -168,7 +171,9 @@ class PrefillPoolSpec(ApiModel):
     starting with a letter, at most 15 characters, not a reserved word (master, store, encoder, prefill,
     decode, pd, proxy, bundle, main, client)."""
     replicas: int = Field(default=1, ge=0, le=k.REPLICAS_MAX)
-    """Instances in this pool."""
+    """Instances in this pool (not used with autoscaling)."""
+    autoscaling: AutoscalingSpec | None = None
+    """Let the pool's load set its replicas between bounds."""
     tensor_parallel_size: int = Field(ge=1, le=k.TENSOR_PARALLEL_MAX)
     """GPUs per instance of this pool."""
 
@@ -315,6 +320,7 @@ class MediaSpec(RuledModel):
 
 
 _STORE = "needs a Mooncake store"
+_SERVING_AT_ZERO = "only encoders may go to 0 (the language model serves every request)"
 
 
 class EPDDeploymentSpec(RuledModel):
@@ -408,6 +414,44 @@ class EPDDeploymentSpec(RuledModel):
             "set spec.sharedStorage",
             cel="(self.encoder.connector != 'shared-storage' && (!has(self.prefill) || !has(self.prefill.kv) "
             "|| self.prefill.kv.connector != 'shared-storage')) || has(self.sharedStorage)",
+        ),
+        # Until the proxy holds image requests while an encoder starts (and counts them for KEDA to wake on), a
+        # role at 0 would refuse every request it serves and never be woken.
+        Rule(
+            "spec.encoder.autoscaling.minReplicas",
+            lambda s: s.encoder.autoscaling is None or s.encoder.autoscaling.min_replicas > 0,
+            lambda s: 0,
+            "encoders do not scale to 0 yet (the proxy would refuse image requests and nothing would wake them)",
+            "give 1 or more",
+            cel="!has(self.encoder.autoscaling) || self.encoder.autoscaling.minReplicas > 0",
+        ),
+        Rule(
+            "spec.prefill.autoscaling.minReplicas",
+            lambda s: s.prefill is None or s.prefill.autoscaling is None or s.prefill.autoscaling.min_replicas > 0,
+            lambda s: 0,
+            _SERVING_AT_ZERO,
+            "give 1 or more",
+            cel="!has(self.prefill) || !has(self.prefill.autoscaling) || self.prefill.autoscaling.minReplicas > 0",
+        ),
+        Rule(
+            "spec.prefill.additionalPools[].autoscaling.minReplicas",
+            lambda s: (
+                s.prefill is None
+                or all(p.autoscaling is None or p.autoscaling.min_replicas > 0 for p in s.prefill.additional_pools)
+            ),
+            lambda s: 0,
+            _SERVING_AT_ZERO,
+            "give 1 or more",
+            cel="!has(self.prefill) || !has(self.prefill.additionalPools) || self.prefill.additionalPools.all(p, "
+            "!has(p.autoscaling) || p.autoscaling.minReplicas > 0)",
+        ),
+        Rule(
+            "spec.decode.autoscaling.minReplicas",
+            lambda s: s.decode.autoscaling is None or s.decode.autoscaling.min_replicas > 0,
+            lambda s: 0,
+            _SERVING_AT_ZERO,
+            "give 1 or more",
+            cel="!has(self.decode.autoscaling) || self.decode.autoscaling.minReplicas > 0",
         ),
     )
 

@@ -15,18 +15,21 @@ class RoleStatus(ApiModel):
     """Replica counts of one role, summed over its workloads."""
 
     desired: int = 0
-    """Replicas the spec asks for."""
+    """Replicas the spec asks for (an autoscaled role: its autoscaler, now)."""
     ready: int = 0
     """Replicas whose pods are Ready."""
     updated: int = 0
     """Replicas running the current bundle (pod template)."""
+    current: int = 0
+    """Pods that exist, old and new (more than desired during a rollout, fewer while a scale-up starts)."""
 
 
 class Condition(ApiModel):
     """A standard Kubernetes condition (metav1.Condition)."""
 
     type: str
-    """Valid, StoreReady, EncodersReady, PrefillReady, DecodeReady, ProxyReady, TransferReady, Ready or Redundant."""
+    """Valid, StoreReady, EncodersReady, PrefillReady, DecodeReady, ProxyReady, TransferReady, Ready, Redundant or
+    Autoscaling."""
     status: Literal["True", "False", "Unknown"]
     """Whether the condition holds."""
     reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
@@ -143,4 +146,5 @@ class EPDDeploymentStatus(DeploymentValues):
     """The transfer paths as the proxy's canaries find them; unset while the operator does not read them."""
     conditions: list[Condition] = []
     """Valid, StoreReady, EncodersReady, PrefillReady, DecodeReady, ProxyReady, TransferReady, Ready, Redundant
-    (every serving role runs two or more replicas; not part of Ready)."""
+    (every serving role runs two or more replicas) and Autoscaling (every autoscaler can scale); the last two are
+    not part of Ready."""

@@ -11,6 +11,7 @@ from typing import Final
 
 from epd_connectors.config.bundle import POD_IP_PLACEHOLDER
 from epd_connectors.config.roles import Role
+from epd_operator.api.autoscaling import AutoscalingSpec
 from epd_operator.api.resource import OperatorDefaults, Owner
 from epd_operator.api.spec import EPDDeploymentSpec
 from epd_operator.derive import identity, parallel, ports
@@ -43,6 +44,8 @@ class Unit:
     tensor_parallel_size: int = 1
     replicas: int | None = 1
     """None for a DaemonSet."""
+    autoscaling: AutoscalingSpec | None = None
+    """Set: an autoscaler owns the replicas, and the workload is rendered without them."""
 
 
 @dataclass(frozen=True)
@@ -156,7 +159,15 @@ def units(ctx: Context) -> list[Unit]:
             )
     enc = spec.encoder
     found.append(
-        Unit(Role.ENCODER, names.workload(Role.ENCODER), "spec.encoder", None, enc.tensor_parallel_size, enc.replicas)
+        Unit(
+            Role.ENCODER,
+            names.workload(Role.ENCODER),
+            "spec.encoder",
+            None,
+            enc.tensor_parallel_size,
+            enc.replicas,
+            enc.autoscaling,
+        )
     )
     if spec.prefill is not None:
         p = spec.prefill
@@ -168,6 +179,7 @@ def units(ctx: Context) -> list[Unit]:
                 MAIN_POOL,
                 p.tensor_parallel_size,
                 p.replicas,
+                p.autoscaling,
             )
         )
         for i, pool in enumerate(p.additional_pools):
@@ -179,10 +191,21 @@ def units(ctx: Context) -> list[Unit]:
                     pool.name,
                     pool.tensor_parallel_size,
                     pool.replicas,
+                    pool.autoscaling,
                 )
             )
     lm_role = Role.DECODE if spec.prefill is not None else Role.PD
     dec = spec.decode
-    found.append(Unit(lm_role, names.workload(lm_role), "spec.decode", None, dec.tensor_parallel_size, dec.replicas))
+    found.append(
+        Unit(
+            lm_role,
+            names.workload(lm_role),
+            "spec.decode",
+            None,
+            dec.tensor_parallel_size,
+            dec.replicas,
+            dec.autoscaling,
+        )
+    )
     found.append(Unit(Role.PROXY, names.workload(Role.PROXY), "spec.proxy", replicas=spec.proxy.replicas))
     return found

@@ -20,7 +20,7 @@ from epd_operator.api.spec import EPDDeploymentSpec
 from epd_operator.api.status import DeploymentValues
 from epd_operator.derive import ports
 from epd_operator.derive.site import CLUSTER, Site
-from epd_operator.render import bundles_store, bundles_vllm, lm, objects, proxy, rules, store, validate
+from epd_operator.render import autoscaling, bundles_store, bundles_vllm, lm, objects, proxy, rules, store, validate
 from epd_operator.render.context import Context, Unit, build_context, units
 
 
@@ -47,15 +47,24 @@ class RoleWorkload:
     """Deployment, StatefulSet or DaemonSet."""
     name: str
     replicas: int | None
-    """None for a DaemonSet."""
+    """None for a DaemonSet, and for an autoscaled workload (its autoscaler sets them)."""
+    autoscaler: str | None = None
+    """The kind of the autoscaler (named as the workload) that sets its replicas: ScaledObject or
+    HorizontalPodAutoscaler; None: the spec's count."""
+    bounds: tuple[int, int] = (0, 0)
+    """The autoscaler's (min, max) replicas."""
     ready_needed: int | None = None
     """Ready pods that make the role ready; None: every replica (HA masters: the one leader)."""
+
+    @property
+    def autoscaled(self) -> bool:
+        return self.autoscaler is not None
 
 
 @dataclass(frozen=True)
 class Desired:
     """Every child in apply order (ConfigMaps, Services, policies, then workloads: store, encoders, LM roles,
-    proxy last), the derived values and the workloads."""
+    proxy last, then the autoscalers), the derived values and the workloads."""
 
     objects: list[dict[str, Any]]
     derived: Derived
@@ -84,6 +93,8 @@ def render_desired(owner: Owner, spec: EPDDeploymentSpec, defaults: OperatorDefa
     rendered += [o for u in all_units if u.role == Role.PROXY for o in proxy.render_proxy_rbac(ctx, u)]
     workloads = [_workload(ctx, u, jsons[u.name]) for u in all_units]
     rendered += workloads
+    # After the workloads: an autoscaler whose target does not exist yet only reports that it cannot scale.
+    rendered += [a for u in all_units if (a := autoscaling.render_autoscaler(ctx, u)) is not None]
     master = next((b.master for b in bundles.values() if b.master is not None), None)
     endpoint = ctx.names.proxy_url(ctx.port(ctx.names.workload(Role.PROXY), ports.HTTP, spec.proxy.service.port))
     checked = spec.proxy.transfer_check.enabled and spec.proxy.replicas > 0
@@ -108,6 +119,8 @@ def render_desired(owner: Owner, spec: EPDDeploymentSpec, defaults: OperatorDefa
                 kind=w["kind"],
                 name=u.name,
                 replicas=w["spec"].get("replicas"),
+                autoscaler=autoscaling.autoscaler_kind(u.autoscaling),
+                bounds=(u.autoscaling.min_replicas, u.autoscaling.max_replicas) if u.autoscaling else (0, 0),
                 ready_needed=1 if u.role == Role.MASTER and spec.store and spec.store.master.ha else None,
             )
             for u, w in zip(all_units, workloads, strict=True)

@@ -32,12 +32,14 @@ def render_deployment(ctx: Context, unit: Unit, template: dict[str, Any], *, max
     (GPU roles by default) one pod is replaced at a time, since GPUs are usually fully allocated and a surge pod
     would stay Pending and stall the rollout forever."""
     rolling = {"maxSurge": max_surge, "maxUnavailable": 0} if max_surge else {"maxSurge": 0, "maxUnavailable": 1}
+    # An autoscaled unit's replicas are its autoscaler's alone: the apply leaves the field out.
+    replicas = {} if unit.autoscaling is not None else {"replicas": unit.replicas}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": meta.metadata(ctx.owner, unit.name, unit.role, unit.pool),
         "spec": {
-            "replicas": unit.replicas,
+            **replicas,
             "selector": {"matchLabels": _selector(ctx, unit)},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling},
             "template": template,

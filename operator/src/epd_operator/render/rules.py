@@ -30,7 +30,19 @@ def whole_spec_problems(ctx: Context, units: list[Unit]) -> list[str]:
     for unit in units:
         if unit.role in VLLM_ROLES:
             found += _vllm_problems(ctx, unit)
+        found += _autoscaling_problems(ctx, unit)
     return list(dict.fromkeys(found))  # prefill pools share the main pool's extraArgs: report once
+
+
+def _autoscaling_problems(ctx: Context, unit: Unit) -> list[str]:
+    """KEDA's triggers query a Prometheus only the operator's settings name."""
+    if unit.autoscaling is None or unit.autoscaling.engine != "keda" or ctx.defaults.prometheus_url is not None:
+        return []
+    return [
+        f"{unit.spec_path}.autoscaling.engine = 'keda': the operator knows no Prometheus for KEDA to query. Fix: "
+        "install the operator chart with autoscaling.prometheusUrl set (the operator's --prometheus-url), or use "
+        "engine: hpa with the cluster's metrics adapter"
+    ]
 
 
 def _pool_problems(ctx: Context) -> list[str]:

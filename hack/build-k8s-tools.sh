@@ -7,6 +7,7 @@
 #   coredns  the real node's cluster DNS (only the plugins it uses)
 #   pause    the real node's pod sandbox process
 #   prometheus  the dashboard and alert tests' Prometheus (without discovery providers: static targets only)
+#   keda/    KEDA's CRDs (ScaledObject and the rest) from its Go module, for the tests' API servers
 # No package registry ships these servers, so they are built from the official Go modules. A group is rebuilt
 # only when its inputs change (its module files, this script, the Go version): a stamp per group holds their
 # hash, so a warm run costs a few hashes and prints nothing.
@@ -82,3 +83,17 @@ prometheus_version=$(pinned prometheus github.com/prometheus/prometheus)
 build prometheus prometheus github.com/prometheus/prometheus/cmd/prometheus \
   "-s -w -X github.com/prometheus/common/version.Version=$prometheus_version" "$tags,remove_all_sd"
 build pause pause . "-s -w"
+
+# KEDA's CRDs, as its release ships them (config/crd/bases of the module): the control plane serves the
+# ScaledObject kind, so the operator's rendered ScaledObjects are checked against KEDA's own schema.
+keda_version=v2.21.0
+if [ ! -f "$bin_dir/keda/.version" ] || [ "$(cat "$bin_dir/keda/.version")" != "$keda_version" ]; then
+  began=$(date +%s.%N)
+  keda_dir=$(GOFLAGS=-mod=mod go mod download -json "github.com/kedacore/keda/v2@$keda_version" \
+    | awk -F'"' '$2 == "Dir" { print $4 }')
+  rm -rf "$bin_dir/keda" && mkdir -p "$bin_dir/keda"
+  cp "$keda_dir"/config/crd/bases/keda.sh_*.yaml "$bin_dir/keda/"
+  echo "$keda_version" > "$bin_dir/keda/.version"
+  echo "build-k8s-tools: KEDA $keda_version CRDs copied"
+  timeline_record "KEDA CRDs" "$began"
+fi

@@ -61,6 +61,7 @@ CHILD_KINDS = (
     ("rbac.authorization.k8s.io/v1", "rolebindings"),
     *WORKLOADS,
     ("autoscaling/v2", "horizontalpodautoscalers"),
+    ("keda.sh/v1alpha1", "scaledobjects"),
 )
 """Every kind the operator may create (apply.MANAGED_KINDS, spelled as REST paths)."""
 
@@ -288,6 +289,7 @@ class Operator:
             "--transfer-poll-interval=0",  # the proxy is a simulated pod too
             "--store-poll-interval",
             "0",
+            f"--prometheus-url={PROMETHEUS_URL}",
             *self.extra,
         ]
 
@@ -355,25 +357,31 @@ def kube(api_client: client.ApiClient) -> Kube:
     return Kube(api_client)
 
 
+PROMETHEUS_URL = "http://127.0.0.1:9"
+"""The Prometheus every operator under test names for KEDA's triggers (`--prometheus-url`, as the chart's
+autoscaling.prometheusUrl sets it); nothing queries it, as KEDA does not run here."""
+KEDA_CRD = "keda.sh_scaledobjects.yaml"
+"""KEDA's ScaledObject CRD (copied from its Go module by hack/build-k8s-tools.sh): the API server checks the
+operator's ScaledObjects against KEDA's own schema. KEDA itself does not run here."""
+
+
+def install_crd(kube: Kube, doc: dict[str, Any], plural_path: str) -> None:
+    """Apply a CRD and wait until the API server serves its kind (a list at `plural_path` answers)."""
+    name = doc["metadata"]["name"]
+    path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
+    kube.request("PATCH", f"{path}?fieldManager=epd-tests&force=true", doc, "application/apply-patch+yaml")
+    eventually(f"the CRD {name} established", lambda: condition(kube.get(path), "Established").get("status") == "True")
+    # The apiserver serves a new CRD's storage a moment after Established; a list proves it.
+    eventually(f"the {name} API to answer", lambda: _answers(kube, plural_path))
+
+
 @pytest.fixture(scope="session")
 def crd(kube: Kube) -> dict[str, Any]:
-    """The EPDDeployment CRD from crds/, installed and established."""
+    """The EPDDeployment CRD from crds/ (and KEDA's ScaledObject CRD), installed and established."""
+    keda: dict[str, Any] = yaml.safe_load((layout.bin_dir() / "keda" / KEDA_CRD).read_text())
+    install_crd(kube, keda, "/apis/keda.sh/v1alpha1/scaledobjects")
     doc: dict[str, Any] = yaml.safe_load(CRD_FILE.read_text())
-    kube.request(
-        "PATCH",
-        f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{doc['metadata']['name']}"
-        "?fieldManager=epd-tests&force=true",
-        doc,
-        "application/apply-patch+yaml",
-    )
-
-    def established() -> bool:
-        got = kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{doc['metadata']['name']}")
-        return condition(got, "Established").get("status") == "True"
-
-    eventually("the CRD to be established", established)
-    # The apiserver serves a new CRD's storage a moment after Established; a list proves it.
-    eventually("the EPDDeployment API to answer", lambda: _answers(kube, f"/apis/{c.API_VERSION}/{c.PLURAL}"))
+    install_crd(kube, doc, f"/apis/{c.API_VERSION}/{c.PLURAL}")
     return doc
 
 

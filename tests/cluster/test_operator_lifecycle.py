@@ -16,10 +16,11 @@ from kubernetes.utils import parse_quantity
 from epd_connectors.config.roles import VLLM_ROLES
 from epd_operator.api import constants as c
 from epd_operator.api.resource import OperatorDefaults, Owner, parse_spec
-from epd_operator.render import Desired, render_desired
+from epd_operator.render import Desired, RoleWorkload, render_desired
 from tests.cluster.operator_fixtures import (
     EPD_PATH,
     EXAMPLES,
+    PROMETHEUS_URL,
     ApiError,
     Kube,
     Operator,
@@ -44,7 +45,7 @@ def rendered(kube: Kube, ns: str, name: str) -> Desired:
     live = kube.epd(ns, name)
     meta = live["metadata"]
     owner = Owner(meta["name"], meta["namespace"], meta["uid"], meta["generation"])
-    return render_desired(owner, parse_spec(live["spec"]), OperatorDefaults())
+    return render_desired(owner, parse_spec(live["spec"]), OperatorDefaults(prometheus_url=PROMETHEUS_URL))
 
 
 def create(kube: Kube, doc: dict[str, Any]) -> dict[str, Any]:
@@ -137,9 +138,17 @@ def test_example_gets_every_child_and_becomes_ready(
     print(f"{path.stem}: children {created_s:.2f} s, Ready {time.monotonic() - began:.2f} s")
     assert st["phase"] == "Ready"
     assert [x["type"] for x in st["conditions"]] == list(c.CONDITION_TYPES)
-    assert all(x["status"] == "True" for x in st["conditions"] if x["type"] != c.COND_REDUNDANT)
+    waiting = {c.COND_REDUNDANT, c.COND_AUTOSCALING}
+    assert all(x["status"] == "True" for x in st["conditions"] if x["type"] not in waiting)
+    # No KEDA runs here: a ScaledObject (accepted by KEDA's CRD) never reports; nothing autoscaled is True.
+    (scaling,) = [x for x in st["conditions"] if x["type"] == c.COND_AUTOSCALING]
+    autoscaled = any(w.autoscaled for w in want.workloads)
+    assert (scaling["status"], scaling["reason"]) == (
+        ("Unknown", "AutoscalerNotReporting") if autoscaled else ("True", "NotAutoscaled")
+    ), scaling
     (redundant,) = [x for x in st["conditions"] if x["type"] == c.COND_REDUNDANT]
-    single = {w.role.value for w in want.workloads if w.replicas == 1} & {"encoder", "decode", "pd", "proxy"}
+    counts = {w.role.value: at_rest(w) for w in want.workloads}
+    single = {role for role, count in counts.items() if count == 1} & {"encoder", "decode", "pd", "proxy"}
     assert (redundant["status"] == "True") == (not single and not _single_prefill(want)), redundant
     assert st["endpoint"] == want.derived.endpoint and st["tenantId"] == want.derived.tenant_id
     assert (st["embeddingCachePrefix"], st["kvCachePrefix"], st["storeTpSize"]) == (
@@ -148,7 +157,7 @@ def test_example_gets_every_child_and_becomes_ready(
         want.derived.store_tp_size,
     )
     for role in ("encoder", "prefill", "decode", "pd", "proxy"):
-        replicas = sum(w.replicas or 0 for w in want.workloads if w.role == role)
+        replicas = sum(at_rest(w) for w in want.workloads if w.role == role)
         if any(w.role == role for w in want.workloads):
             assert st["rolesReady"][role] == f"{replicas}/{replicas}"
     assert not done["metadata"].get("finalizers"), "children go by garbage collection; no finalizer needed"
@@ -159,7 +168,13 @@ def test_example_gets_every_child_and_becomes_ready(
 
 def model_pods(desired: Desired) -> dict[str, str]:
     """Role -> "True" for each model role with replicas (what `gates` gives once every gate is open)."""
-    return {w.role.value: "True" for w in desired.workloads if w.role in VLLM_ROLES and (w.replicas or 0) > 0}
+    return {w.role.value: "True" for w in desired.workloads if w.role in VLLM_ROLES and at_rest(w) > 0}
+
+
+def at_rest(workload: RoleWorkload) -> int:
+    """The replicas a workload runs here: the spec's, or for an autoscaled one the API server's default (1), as
+    no KEDA runs to scale it."""
+    return 1 if workload.autoscaled else workload.replicas or 0
 
 
 def gates(kube: Kube, namespace: str, name: str) -> dict[str, str]:

@@ -290,11 +290,20 @@ async def current(client: _kube.Requester, obj: dict[str, Any]) -> dict[str, Any
 
     Read through a list selecting the name: the operator's role grants list and watch on children, not get."""
     meta = obj["metadata"]
-    listed = await client.request(
-        "GET", kind_of(obj).collection(meta["namespace"]), query={"fieldSelector": f"metadata.name={meta['name']}"}
-    )
-    items = listed.get("items") or []
+    items = await _list(client, kind_of(obj), meta["namespace"], {"fieldSelector": f"metadata.name={meta['name']}"})
     return {"apiVersion": obj["apiVersion"], "kind": obj["kind"], **items[0]} if items else None
+
+
+async def _list(client: _kube.Requester, kind: Kind, namespace: str, query: dict[str, str]) -> list[dict[str, Any]]:
+    """The items of one filtered listing; none of a CRD kind the cluster does not serve."""
+    try:
+        listed = await client.request("GET", kind.collection(namespace), query=query)
+    except _kube.NotFoundError:
+        if kind.crd:
+            return []
+        raise
+    items: list[dict[str, Any]] = listed.get("items") or []
+    return items
 
 
 async def _remove(client: _kube.Requester, live: dict[str, Any], pointers: Sequence[str]) -> dict[str, Any]:
@@ -358,15 +367,7 @@ async def list_children(
     """Every object of the managed kinds carrying the deployment's labels (one list request per kind)."""
 
     async def one(kind: Kind) -> list[dict[str, Any]]:
-        try:
-            listed = await client.request(
-                "GET", kind.collection(namespace), query={"labelSelector": selector(owner_name)}
-            )
-        except _kube.NotFoundError:
-            if kind.crd:
-                return []  # not installed: nothing of the kind can exist
-            raise
-        items: list[dict[str, Any]] = listed.get("items") or []
+        items = await _list(client, kind, namespace, {"labelSelector": selector(owner_name)})
         for item in items:  # list items carry no apiVersion/kind
             item.setdefault("apiVersion", kind.api_version)
             item.setdefault("kind", kind.kind)

@@ -288,6 +288,29 @@ def test_an_unmanaged_kind_is_refused_before_any_write() -> None:
     assert api.requests == []
 
 
+class WithoutKeda(FakeApi):
+    """An API server that serves no ScaledObject kind: every request to its collection is answered 404."""
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        if "/keda.sh/" in path:
+            self.requests.append((method, path))
+            raise _kube.NotFoundError(method, path, 404, "NotFound", "the server could not find the requested resource")
+        return await super().request(method, path, **kwargs)
+
+
+def test_a_kind_whose_crd_is_missing_is_named_with_the_fix_after_everything_else() -> None:
+    api = WithoutKeda()
+    scaled = obj("ScaledObject", "demo-encoder", spec={"scaleTargetRef": {"name": "demo-encoder"}})
+    with pytest.raises(apply.MissingKindError) as caught:
+        sync(api, [*desired(), scaled], apply.Applied())
+    assert caught.value.retryable  # installing KEDA later is picked up
+    assert "serves no keda.sh/v1alpha1 ScaledObject" in str(caught.value)
+    assert "install KEDA, or set the role's autoscaling.engine to hpa" in str(caught.value)
+    # The listing of the missing kind counted as empty, and every other child was applied before it.
+    assert len([w for w in api.writes() if w[0] == "PATCH"]) == len(desired()) + 1
+    assert sync(api, desired(), apply.Applied()).deleted == []
+
+
 def test_selector_names_the_deployment_and_the_manager() -> None:
     assert apply.selector("demo") == "epd.serving.io/deployment=demo,app.kubernetes.io/managed-by=epd-operator"
 

@@ -27,6 +27,8 @@ ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UID = "00000000-0000-4000-8000-000000000001"
+DEFAULTS = OperatorDefaults(prometheus_url="http://prometheus-operated.monitoring.svc:9090")
+"""The chart's defaults with autoscaling.prometheusUrl set, as examples/e-pd-autoscaled.yaml asks."""
 
 
 class _Dumper(yaml.SafeDumper):
@@ -45,7 +47,7 @@ def render_example(path: Path) -> Desired:
     doc = yaml.safe_load(path.read_text())
     meta = doc["metadata"]
     owner = Owner(name=meta["name"], namespace=meta.get("namespace", "default"), uid=UID)
-    return render_desired(owner, parse_spec(doc["spec"]), OperatorDefaults())
+    return render_desired(owner, parse_spec(doc["spec"]), DEFAULTS)
 
 
 def golden_text(desired: Desired) -> str:

@@ -39,7 +39,7 @@ def suffixes() -> dict[str, set[str]]:
     """kind -> every suffix the rendered children of that kind have (after "<name>-")."""
     found: dict[str, set[str]] = {}
     for spec in rich_specs():
-        objects = render_desired(OWNER, parse_spec(spec), OperatorDefaults()).objects
+        objects = render_desired(OWNER, parse_spec(spec), OperatorDefaults(prometheus_url="http://p:9090")).objects
         keys = [(o["kind"], o["metadata"]["name"]) for o in objects]
         assert len(keys) == len(set(keys)), "one render names two objects of a kind alike"
         for kind, name in keys:

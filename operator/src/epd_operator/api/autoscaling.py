@@ -54,15 +54,28 @@ class ScalingSignal(RuledModel):
     for waiting, running and kvCacheUsage, an External metric otherwise)."""
 
 
-class ScalingPolicy(ApiModel):
-    """How fast the autoscaler may move one way (an HPA behavior rule)."""
+_WINDOW = "The autoscaler acts on the most cautious recommendation of this many seconds (damps flapping)."
+_STEP = "At most this many replicas added or removed per period."
+_PERIOD = "The period of the step limit, in seconds."
 
-    stabilization_seconds: int = Field(ge=0, le=3600)
-    """The autoscaler acts on the most cautious recommendation of this window (damps flapping)."""
-    max_replicas_per_step: int = Field(default=1, ge=1, le=k.REPLICAS_MAX)
-    """At most this many replicas added or removed per period."""
-    period_seconds: int = Field(default=60, ge=1, le=1800)
-    """The period of the step limit."""
+
+class ScaleUpPolicy(ApiModel):
+    """How fast replicas are added (an HPA behavior rule): by default at once, up to 2 every 30 s."""
+
+    stabilization_seconds: int = Field(default=0, ge=0, le=3600, description=_WINDOW)
+    max_replicas_per_step: int = Field(default=2, ge=1, le=k.REPLICAS_MAX, description=_STEP)
+    period_seconds: int = Field(default=30, ge=1, le=1800, description=_PERIOD)
+
+
+class ScaleDownPolicy(ApiModel):
+    """How fast replicas are removed: by default after 5 minutes of less load, 1 a minute."""
+
+    stabilization_seconds: int = Field(default=300, ge=0, le=3600, description=_WINDOW)
+    max_replicas_per_step: int = Field(default=1, ge=1, le=k.REPLICAS_MAX, description=_STEP)
+    period_seconds: int = Field(default=60, ge=1, le=1800, description=_PERIOD)
+
+
+ScalingPolicy = ScaleUpPolicy | ScaleDownPolicy
 
 
 Engine = Literal["keda", "hpa"]
@@ -109,9 +122,9 @@ class AutoscalingSpec(RuledModel):
     engine: Engine = "keda"
     """keda: a KEDA ScaledObject querying Prometheus (the operator's --prometheus-url); hpa: a plain
     autoscaling/v2 HorizontalPodAutoscaler on metrics the cluster's adapter serves (adapterMetric)."""
-    scale_up: ScalingPolicy = ScalingPolicy(stabilization_seconds=0, max_replicas_per_step=2, period_seconds=30)
+    scale_up: ScaleUpPolicy = ScaleUpPolicy()
     """How fast replicas are added (default: at once, up to 2 every 30 s)."""
-    scale_down: ScalingPolicy = ScalingPolicy(stabilization_seconds=300)
+    scale_down: ScaleDownPolicy = ScaleDownPolicy()
     """How fast replicas are removed (default: after 5 minutes of less load, 1 a minute)."""
     polling_seconds: int = Field(default=15, ge=1, le=600)
     """engine: keda: how often KEDA reads the signals (and, at 0 replicas, decides to wake the role)."""

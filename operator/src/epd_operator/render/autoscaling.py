@@ -119,7 +119,7 @@ def render_scaled_object(ctx: Context, unit: Unit, spec: AutoscalingSpec, promet
             "type": "prometheus",
             "name": f"{s.signal.lower()}-{i}",
             "metricType": "AverageValue" if per_replica(s) else "Value",
-            "metadata": {"serverAddress": prometheus_url, "query": promql(ctx, unit, s), "threshold": str(s.target)},
+            "metadata": {"serverAddress": prometheus_url, "query": promql(ctx, unit, s), "threshold": f"{s.target:g}"},
         }
         for i, s in enumerate(signals(unit, spec))
     ]

@@ -81,8 +81,10 @@ def open_gate_patch(pod: ModelPod, now: str) -> dict[str, Any]:
 
 
 def model_roles(workloads: Iterable[RoleWorkload]) -> frozenset[str]:
-    """The model roles a whole set needs: those with replicas in the current render (an autoscaled one keeps 1 or
-    more)."""
+    """The model roles a whole set needs: those with replicas in the current render, and autoscaled ones that
+    never go below 1 (encoders that may scale to zero are not waited for)."""
     return frozenset(
-        w.role.value for w in workloads if w.role in VLLM_ROLES and ((w.replicas or 0) > 0 or w.autoscaled)
+        w.role.value
+        for w in workloads
+        if w.role in VLLM_ROLES and ((w.replicas or 0) > 0 or (w.autoscaled and w.bounds[0] > 0))
     )

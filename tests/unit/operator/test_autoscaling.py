@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from epd_connectors.config.bundle import RoleBundle, parse_bundle
 from epd_connectors.config.roles import Role
 from epd_operator import apply, autoscalers, managed_fields
 from epd_operator.api import constants as c
@@ -30,6 +31,14 @@ def spec(**roles: Any) -> dict[str, Any]:
 
 def render(raw: dict[str, Any], defaults: OperatorDefaults = DEFAULTS) -> Desired:
     return render_desired(OWNER, parse_spec(raw), defaults)
+
+
+def bundles_of(desired: Desired) -> dict[str, RoleBundle]:
+    return {
+        o["metadata"]["name"].removesuffix("-bundle"): parse_bundle(o["data"][c.BUNDLE_FILE])
+        for o in desired.objects
+        if o["kind"] == "ConfigMap"
+    }
 
 
 def one(desired: Desired, kind: str, name: str) -> dict[str, Any]:
@@ -176,12 +185,6 @@ def test_engine_hpa_renders_a_plain_hpa_on_the_adapters_metrics() -> None:
             "give 1 or more",
         ),
         (
-            {"encoder": {"autoscaling": {"minReplicas": 0, "maxReplicas": 2}}},
-            DEFAULTS,
-            "spec.encoder.autoscaling.minReplicas = 0",
-            "give 1 or more",
-        ),
-        (
             scaled_decode(signals=[{"signal": "query", "target": 1}]),
             DEFAULTS,
             "spec.decode.autoscaling.signals[0].query = None",
@@ -212,7 +215,7 @@ def test_engine_hpa_renders_a_plain_hpa_on_the_adapters_metrics() -> None:
             "greater than 0",
         ),
     ],
-    ids=["min-above-max", "decode-to-zero", "encoder-to-zero", "query-missing", "query-stray", "hpa-no-adapter",
+    ids=["min-above-max", "decode-to-zero", "query-missing", "query-stray", "hpa-no-adapter",
          "keda-no-prometheus", "target-zero"],
 )  # fmt: skip
 def test_bad_autoscaling_is_refused_naming_the_field_and_the_fix(
@@ -220,6 +223,22 @@ def test_bad_autoscaling_is_refused_naming_the_field_and_the_fix(
 ) -> None:
     message = refused(spec(**roles), defaults)
     assert field in message and fix in message, message
+
+
+def test_encoders_that_may_go_to_zero_are_held_for_by_the_proxy_and_woken_by_what_it_holds() -> None:
+    scaling = {"minReplicas": 0, "maxReplicas": 3, "holdSeconds": 90}
+    desired = render(spec(encoder={"connector": "mooncake", "autoscaling": scaling}))
+    proxy = bundles_of(desired)["demo-proxy"].proxy
+    assert proxy is not None and proxy.encoder_wake_s == 90.0
+    query = one(desired, "ScaledObject", "demo-encoder")["spec"]["triggers"][0]["metadata"]["query"]
+    assert query.startswith("sum(epd_proxy_backend_in_flight{") and "+ sum(epd_proxy_requests_waiting{" in query
+    assert one(desired, "ScaledObject", "demo-encoder")["spec"]["minReplicaCount"] == 0
+    # A set of a new model revision does not wait for encoders that may be at zero.
+    assert "encoder" not in model_roles(desired.workloads)
+    # Encoders that never go below 1 are required, and the proxy never holds a request for one.
+    kept = render(spec(encoder=SCALED_ENCODER))
+    assert bundles_of(kept)["demo-proxy"].proxy.encoder_wake_s == 0.0  # type: ignore[union-attr]
+    assert "encoder" in model_roles(kept.workloads)
 
 
 def test_letting_go_of_replicas_hands_them_over_only_when_we_own_them() -> None:

@@ -156,6 +156,10 @@ class ProxySettings(ConfigModel):
     """Seconds one canary may take before its path counts as failing (None: the proxy's default)."""
     media: MediaAccess = MediaAccess()
     """The media URLs the deployment's instances fetch: the proxy refuses any other before a backend sees it."""
+    encoder_wake_s: float = Field(default=0.0, ge=0)
+    """Encoders may be scaled to zero: the proxy is ready without them, and holds a media request up to this many
+    seconds for one to come (counted in epd_proxy_requests_waiting, which wakes them); 0: encoders are required,
+    and a media request finding none is answered 503 at once."""
 
 
 class WaitSettings(ConfigModel):

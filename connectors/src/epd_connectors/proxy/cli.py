@@ -22,6 +22,7 @@ from pathlib import Path
 from epd_connectors.config.base import ConfigError
 from epd_connectors.config.bundle import KVProtocol, ProxySettings, load_bundle
 from epd_connectors.config.layered import Layered
+from epd_connectors.config.roles import Role
 from epd_connectors.proxy import settings as s
 from epd_connectors.proxy.app import Discovery, ProxyApp
 from epd_connectors.proxy.discovery_slices import RoleWatch
@@ -140,6 +141,7 @@ def options_from(given: Layered, bundle: ProxySettings) -> s.ProxyOptions:
             max_connections=max(1, given.value("max_connections", s.DEFAULT_MAX_CONNECTIONS, int)),
         ),
         media=bundle.media,
+        encoder_wake_s=bundle.encoder_wake_s,
         encoder_affinity=bundle.encoder_affinity and not given.switch("no_encoder_affinity"),
         kv_protocol=given.value("kv_protocol", bundle.kv_protocol, KVProtocol),
         canary=s.Canary(
@@ -195,7 +197,9 @@ def build(
     # With discovery the roles come from the bundle, the members from the EndpointSlices. Without probing
     # (Limits.probing) static members are admitted at once, since no probe will.
     roster = Roster.build(
-        {role: [] for role in specs} if discovery is not None else specs, healthy=not options.limits.probing
+        {role: [] for role in specs} if discovery is not None else specs,
+        healthy=not options.limits.probing,
+        optional=frozenset({Role.ENCODER}) if options.encoder_wake_s else frozenset(),
     )
     app = ProxyApp(roster, options, discovery=discovery)
     host = given.value("host", own.host, str)

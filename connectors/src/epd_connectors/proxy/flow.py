@@ -47,6 +47,8 @@ REVISION_WAIT_S = 30.0
 """How long a request waits for a model revision with a whole healthy set (a roll's switch takes milliseconds;
 a set being replaced by hand takes its pods' start)."""
 REVISION_POLL_S = 0.05
+ENCODER_POLL_S = 0.05
+"""How often a media request held for an encoder (encoders at zero) looks at the roster."""
 
 
 class Route(NamedTuple):
@@ -117,6 +119,8 @@ class Flow:
         items = find_media(request.body, self.options.media) if request.path.endswith("/chat/completions") else []
         if items and Role.ENCODER not in self.roster.roles:
             items = []  # no encoder pool: the consumer encodes the media itself
+        if items and Role.ENCODER in self.roster.optional and not self.roster.healthy(Role.ENCODER):
+            return self._once_an_encoder_is_up(request, may_move=may_move)
         role = self.roster.consumer_role
         revision: str | None = None
         avoid: frozenset[str] = frozenset()
@@ -140,6 +144,26 @@ class Flow:
                 f"no model revision has a healthy instance of every role after {REVISION_WAIT_S:.0f} s "
                 f"(requests never mix revisions): {self.roster.revision_summary()}"
             )
+        return await self._run(request, may_move=may_move)
+
+    async def _once_an_encoder_is_up(self, request: ClientRequest, *, may_move: bool) -> Answer:
+        """Encoders are scaled to zero: hold the media request, counted in requests_waiting (what wakes them),
+        until one is healthy, up to `encoder_wake_s`; then 503 with Retry-After. Text requests never wait."""
+        loop = asyncio.get_running_loop()
+        wake = self.options.encoder_wake_s
+        deadline = loop.time() + wake
+        waiting = self.metrics.requests_waiting.labels(Role.ENCODER.value)
+        waiting.inc()
+        try:
+            while not self.roster.healthy(Role.ENCODER):
+                if loop.time() > deadline:
+                    raise NoInstanceError(
+                        f"no encoder came up within {wake:.0f} s (the encoders were scaled to zero and are "
+                        "starting); retry later"
+                    )
+                await asyncio.sleep(ENCODER_POLL_S)
+        finally:
+            waiting.dec()
         return await self._run(request, may_move=may_move)
 
     async def _on_revision(

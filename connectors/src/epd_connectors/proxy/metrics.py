@@ -110,6 +110,13 @@ class ProxyMetrics:
             ["result"],
             registry=r,
         )
+        self.requests_waiting = Gauge(
+            "epd_proxy_requests_waiting",
+            "Requests held for an instance of a role scaled to zero (encoders); the autoscaler wakes it on these",
+            ["role"],
+            registry=r,
+        )
+        self.requests_waiting.labels("encoder").set(0)  # the series exists before the first wait, for queries
         self.affinity_ratio = Gauge(
             "epd_proxy_encoder_affinity_hit_ratio",
             "Share of media items that met their first-choice encoder",

@@ -67,6 +67,9 @@ class Roster:
     """Every role's instances; `roles` are the roles this deployment has (each one is required)."""
 
     roles: frozenset[Role]
+    optional: frozenset[Role] = frozenset()
+    """Roles that may have no instance at all (encoders scaled to zero): readiness and the choice of a whole
+    revision set do not wait for them."""
     members: dict[Role, dict[str, Instance]] = field(default_factory=dict)
     version: int = 0
     """Bumped on every membership change (the prober and metrics look at it)."""
@@ -81,9 +84,15 @@ class Roster:
     _by_revision: _RevisionIndex | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
-    def build(cls, specs: Mapping[Role, Sequence[InstanceSpec]], *, healthy: bool = False) -> Roster:
+    def build(
+        cls,
+        specs: Mapping[Role, Sequence[InstanceSpec]],
+        *,
+        healthy: bool = False,
+        optional: frozenset[Role] = frozenset(),
+    ) -> Roster:
         """A roster of the roles that have a list (possibly empty, for discovery to fill)."""
-        roster = cls(frozenset(specs))
+        roster = cls(frozenset(specs), optional & frozenset(specs))
         for role, role_specs in specs.items():
             roster.replace(role, role_specs, healthy=healthy)
         return roster
@@ -148,7 +157,7 @@ class Roster:
         newest pod (a roll's new set, once whole, takes over and the old one drains); None when no revision has
         a whole healthy set."""
         for revision, by_role in self._revision_index().newest_first:
-            if all(any(i.healthy for i in by_role.get(role, ())) for role in self.roles):
+            if all(any(i.healthy for i in by_role.get(role, ())) for role in self.required):
                 return revision
         return None
 
@@ -193,9 +202,17 @@ class Roster:
         """The receivers `sender`'s transfers do not reach."""
         return frozenset(r for s, r in self.failing if s == sender)
 
+    @property
+    def required(self) -> frozenset[Role]:
+        """The roles that must have a healthy instance for the proxy to serve."""
+        return self.roles - self.optional
+
+    def healthy(self, role: Role) -> bool:
+        return any(i.healthy for i in self.instances(role))
+
     def healthy_roles(self) -> dict[Role, bool]:
         """Per required role: does it have a healthy instance?"""
-        return {role: any(i.healthy for i in self.instances(role)) for role in sorted(self.roles)}
+        return {role: self.healthy(role) for role in sorted(self.required)}
 
     def ready(self) -> bool:
         """The proxy is healthy only when every required role has a healthy instance."""

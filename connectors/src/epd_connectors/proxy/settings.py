@@ -130,3 +130,5 @@ class ProxyOptions:
     clients: Clients = field(default_factory=Clients)
     media: MediaAccess = field(default_factory=MediaAccess)
     """The media URLs a request may carry (the deployment's; any host when run by hand without a bundle)."""
+    encoder_wake_s: float = 0.0
+    """How long a media request waits for an encoder while encoders are at zero; 0: they are never at zero."""

@@ -15,8 +15,9 @@ from epd_operator.api._base import ApiModel
 from epd_operator.api._rules import Rule, RuledModel
 
 Signal = Literal["inFlight", "waiting", "running", "kvCacheUsage", "timeToFirstToken", "query"]
-"""inFlight: requests the proxy has outstanding at the role's instances (epd_proxy_backend_in_flight), per
-replica; waiting / running: vLLM's own queue and batch (vllm:num_requests_waiting / _running), per replica;
+"""inFlight: requests the proxy has outstanding at the role's instances (epd_proxy_backend_in_flight; for
+encoders also the media requests it holds while they are at zero, epd_proxy_requests_waiting), per replica;
+waiting / running: vLLM's own queue and batch (vllm:num_requests_waiting / _running), per replica;
 kvCacheUsage: the role's mean KV cache use, 0 to 1 (vllm:kv_cache_usage_perc); timeToFirstToken: the 90th
 percentile over the last minute, seconds (vllm:time_to_first_token_seconds); query: `query` as written."""
 
@@ -113,7 +114,8 @@ class AutoscalingSpec(RuledModel):
     )
 
     min_replicas: int = Field(default=1, ge=0, le=k.REPLICAS_MAX)
-    """The fewest replicas; 0 (encoders only, KEDA only) lets the role go away while nothing asks for it."""
+    """The fewest replicas; 0 (encoders only, KEDA only) lets the encoders go while no media request comes: text
+    requests go on, and the first media request wakes one (held up to holdSeconds)."""
     max_replicas: int = Field(ge=1, le=k.REPLICAS_MAX)
     """The most replicas (mind the GPUs: each replica takes the role's tensorParallelSize of them)."""
     signals: Annotated[list[ScalingSignal], Field(max_length=4)] = []
@@ -126,5 +128,8 @@ class AutoscalingSpec(RuledModel):
     """How fast replicas are added (default: at once, up to 2 every 30 s)."""
     scale_down: ScaleDownPolicy = ScaleDownPolicy()
     """How fast replicas are removed (default: after 5 minutes of less load, 1 a minute)."""
+    hold_seconds: int = Field(default=120, ge=1, le=600)
+    """Encoders at 0 replicas only: how long the proxy holds a media request while an encoder starts (text requests
+    never wait); past it, 503 with Retry-After. Give it the encoder's start time and some."""
     polling_seconds: int = Field(default=15, ge=1, le=600)
     """engine: keda: how often KEDA reads the signals (and, at 0 replicas, decides to wake the role)."""

@@ -415,16 +415,6 @@ class EPDDeploymentSpec(RuledModel):
             cel="(self.encoder.connector != 'shared-storage' && (!has(self.prefill) || !has(self.prefill.kv) "
             "|| self.prefill.kv.connector != 'shared-storage')) || has(self.sharedStorage)",
         ),
-        # Until the proxy holds image requests while an encoder starts (and counts them for KEDA to wake on), a
-        # role at 0 would refuse every request it serves and never be woken.
-        Rule(
-            "spec.encoder.autoscaling.minReplicas",
-            lambda s: s.encoder.autoscaling is None or s.encoder.autoscaling.min_replicas > 0,
-            lambda s: 0,
-            "encoders do not scale to 0 yet (the proxy would refuse image requests and nothing would wake them)",
-            "give 1 or more",
-            cel="!has(self.encoder.autoscaling) || self.encoder.autoscaling.minReplicas > 0",
-        ),
         Rule(
             "spec.prefill.autoscaling.minReplicas",
             lambda s: s.prefill is None or s.prefill.autoscaling is None or s.prefill.autoscaling.min_replicas > 0,

@@ -81,6 +81,8 @@ def promql(ctx: Context, unit: Unit, signal: ScalingSignal) -> str:
         return signal.query
     own = _matchers(_series_labels(ctx, unit, signal))
     if signal.signal == "inFlight":
+        if unit.role == Role.ENCODER:  # at zero encoders, the media requests the proxy holds are what wakes them
+            return f"sum(epd_proxy_backend_in_flight{{{own}}}) + sum(epd_proxy_requests_waiting{{{own}}})"
         return f"sum(epd_proxy_backend_in_flight{{{own}}})"
     if signal.signal == "kvCacheUsage":
         return f"avg({_VLLM_SERIES['kvCacheUsage']}{{{own}}})"

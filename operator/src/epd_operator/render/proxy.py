@@ -72,6 +72,7 @@ def proxy_bundle(ctx: Context, units: list[Unit]) -> RoleBundle:
         canary_interval_s=float(check.interval_seconds) if check.enabled else 0.0,
         canary_timeout_s=float(check.timeout_seconds),
         media=ctx.spec.media.access,
+        encoder_wake_s=_encoder_wake_s(ctx),
         **ctx.bind_host,
     )
     return RoleBundle(
@@ -150,3 +151,9 @@ def render_proxy_service(ctx: Context, unit: Unit) -> dict[str, Any]:
     """spec.proxy.service: its type, and its port mapped onto the proxy's listener."""
     service = ctx.spec.proxy.service
     return objects.render_service(ctx, unit, {ports.HTTP: service.port}, headless=False, service_type=service.type)
+
+
+def _encoder_wake_s(ctx: Context) -> float:
+    """Encoders that may scale to zero: how long the proxy holds a media request for one; 0 otherwise."""
+    scaling = ctx.spec.encoder.autoscaling
+    return float(scaling.hold_seconds) if scaling is not None and scaling.min_replicas == 0 else 0.0

@@ -109,6 +109,8 @@ class Observed:
         if not self.settled or self.updated < self.desired or self.current > self.desired:
             return False, REASON_ROLLING, f"{what}: {self.updated}/{self.desired} updated"
         needed = self.desired if self.workload.ready_needed is None else min(self.workload.ready_needed, self.desired)
+        if self.workload.autoscaled:  # pods its autoscaler is adding are not a role going unready
+            needed = min(max(self.workload.bounds[0], 1), self.desired)
         leading = " (only the leader is Ready; standbys wait)" if self.workload.ready_needed is not None else ""
         if self.ready < needed:
             return False, REASON_NOT_READY, f"{what}: {self.ready}/{self.desired} ready{leading}"

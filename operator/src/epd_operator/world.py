@@ -58,7 +58,7 @@ class World:
     deployments: dict[Key, dict[str, Any]] = field(default_factory=dict)
     """Each EPDDeployment as its watch last showed it."""
     workloads: dict[ChildKey, dict[str, Any]] = field(default_factory=dict)
-    """Each workload child as last seen (`trim`med)."""
+    """Each workload child, and each autoscaler, as last seen (`trim`med)."""
     touched: dict[Key, dict[ChildKey, dict[str, Any] | None]] = field(default_factory=dict)
     """Per EPDDeployment, the children seen since its last pass: the newest body, None when deleted."""
     model_pods: dict[Key, dict[str, ModelPod]] = field(default_factory=dict)

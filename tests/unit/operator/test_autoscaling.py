@@ -11,7 +11,7 @@ import pytest
 
 from epd_connectors.config.bundle import RoleBundle, parse_bundle
 from epd_connectors.config.roles import Role
-from epd_operator import apply, autoscalers, managed_fields
+from epd_operator import apply, autoscalers, managed_fields, status
 from epd_operator.api import constants as c
 from epd_operator.api.resource import InvalidSpecError, OperatorDefaults, Owner, parse_spec
 from epd_operator.render import Desired, RoleWorkload, render_desired
@@ -310,3 +310,15 @@ def test_the_autoscaling_condition_carries_the_autoscalers_own_reason() -> None:
                                                          "reason": "ScalingDisabled"}]  # fmt: skip
     assert autoscalers.condition([reading("HorizontalPodAutoscaler", idle, 0)])[0] == "True"
     assert autoscalers.condition([reading("ScaledObject", None)])[:2] == ("Unknown", "AutoscalerNotReporting")
+
+
+def test_pods_an_autoscaler_is_adding_do_not_make_the_role_unready() -> None:
+    scaled = RoleWorkload(Role.ENCODER, "Deployment", "demo-encoder", None, autoscaler="ScaledObject", bounds=(1, 4))
+    fixed = RoleWorkload(Role.ENCODER, "Deployment", "demo-encoder", 3)
+    # Scaling up from 1 to 3: one pod ready, two starting (same template, so all three count as updated).
+    assert status.Observed(scaled, True, 3, 1, 3, 3, True).state[0]
+    assert not status.Observed(fixed, True, 3, 1, 3, 3, True).state[0]
+    # Below its floor it is unready like any role; at zero (a floor of 0 and nothing asked) it is ready.
+    assert not status.Observed(scaled, True, 3, 0, 3, 3, True).state[0]
+    at_zero = RoleWorkload(Role.ENCODER, "Deployment", "demo-encoder", None, autoscaler="ScaledObject", bounds=(0, 4))
+    assert status.Observed(at_zero, True, 0, 0, 0, 0, True).state[0]

@@ -17,6 +17,7 @@ import yaml
 
 from epd_connectors.config.bundle import parse_bundle
 from epd_connectors.config.roles import VLLM_ROLES
+from epd_connectors.config.vllm import DEFAULT_VLLM_VERSION
 from epd_connectors.launch.plan import plan_launch
 from epd_operator.api import constants as c
 from epd_operator.api.resource import InvalidSpecError, OperatorDefaults, Owner, parse_spec
@@ -37,6 +38,20 @@ def examples() -> dict[str, dict[str, Any]]:
         spec: dict[str, Any] = yaml.safe_load(path.read_text())["spec"]
         found[path.stem] = spec
     return found
+
+
+CHECKED_VERSIONS = frozenset({"0.32", "0.33"})
+"""The vLLMs the checker runs (.venv-e2e, .venv-vllm033). A spec rendered for another (spec.images.vllmVersion
+0.34) is not judged here: no 0.34 checker is installed (docs/vllm-0.34.md)."""
+
+
+def judged_examples() -> dict[str, dict[str, Any]]:
+    """The examples rendered for a vLLM the checker runs (by default the operator's, 0.33)."""
+    return {
+        name: spec
+        for name, spec in examples().items()
+        if (spec.get("images") or {}).get("vllmVersion", DEFAULT_VLLM_VERSION) in CHECKED_VERSIONS
+    }
 
 
 # One change at a time to an example: the settings that reach vLLM's argv, its transfer configs or the Mooncake
@@ -90,7 +105,7 @@ the same set and a failure reproduces)."""
 def combinations() -> Iterator[tuple[str, tuple[str, ...]]]:
     """(example, variant labels) pairs drawn with a fixed seed; labels of one draw vary distinct settings."""
     draw = random.Random(14)
-    names = sorted(examples())
+    names = sorted(judged_examples())
     for _ in range(COMBINATIONS):
         labels = draw.sample(sorted(VARIANTS), draw.randint(2, 4))
         paths = [VARIANTS[label][0] for label in labels]
@@ -99,8 +114,8 @@ def combinations() -> Iterator[tuple[str, tuple[str, ...]]]:
 
 
 def specs() -> Iterator[tuple[str, dict[str, Any]]]:
-    """Every example, every variant of each that changes something, then the generated combinations."""
-    found = examples()
+    """Every judged example, every variant of each that changes something, then the generated combinations."""
+    found = judged_examples()
     for name, spec in found.items():
         yield name, spec
         for label, (path, value) in VARIANTS.items():

@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import cast, get_args
 
 from epd_connectors.config.layered import Layered
+from epd_connectors.config.vllm import VllmVersion
 from epd_operator._kube import Connection
 from epd_operator.api.resource import OperatorDefaults, OperatorPeer
 
@@ -85,6 +87,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--proxy-image", help=f"default proxy image ({defaults.proxy_image})")
     p.add_argument("--mooncake-image", help=f"default master and store-client image ({defaults.mooncake_image})")
     p.add_argument("--gpu-resource", help=f"extended resource name of a GPU ({defaults.gpu_resource})")
+    p.add_argument(
+        "--vllm-version", choices=get_args(VllmVersion), help=f"the default image's vLLM ({defaults.vllm_version})"
+    )
     p.add_argument("--prometheus-url", help="the Prometheus KEDA's triggers query for autoscaled roles (default: none)")
     p.add_argument(
         "--concurrent-reconciles",
@@ -140,6 +145,7 @@ def parse(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Settings:
             proxy_image=given.value("proxy_image", base.proxy_image, str) or base.proxy_image,
             mooncake_image=given.value("mooncake_image", base.mooncake_image, str) or base.mooncake_image,
             gpu_resource=given.value("gpu_resource", base.gpu_resource, str) or base.gpu_resource,
+            vllm_version=given.value("vllm_version", base.vllm_version, _vllm_version),
             prometheus_url=given.value("prometheus_url", "", str) or None,
             operator_peer=_operator_peer(given.value("pod_namespace", "", str), given.value("pod_labels", "", str)),
         ),
@@ -152,6 +158,14 @@ def parse(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Settings:
         verbose=given.switch("verbose"),
         debug=given.switch("debug"),
     )
+
+
+def _vllm_version(value: str) -> VllmVersion:
+    """EPD_OPERATOR_VLLM_VERSION (the flag is checked by argparse's choices)."""
+    known = get_args(VllmVersion)
+    if value not in known:
+        raise SettingsError(f"vLLM version {value!r} is not one of {', '.join(known)}")
+    return cast(VllmVersion, value)
 
 
 def _operator_peer(namespace: str, labels: str) -> OperatorPeer | None:

@@ -129,6 +129,18 @@ def test_every_problem_across_ec_and_kv_is_reported() -> None:
     ]
 
 
+def test_vllm_0_34_has_only_model_runner_v2() -> None:
+    """0.34 removed Model Runner V1 and refuses VLLM_USE_V2_MODEL_RUNNER=0: the switch is never rendered there,
+    and cross-encoder reuse needs none."""
+    for value in (True, False):
+        assert "vLLM 0.34 has only Model Runner V2" in rejection(vllm_version="0.34", use_v2_model_runner=value)
+    newer = make("encoder", vllm_version="0.34")
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in newer.env()
+    reuse = ECMooncakeProducer(ec_connector_extra_config={"cross_encoder_cache": True})
+    assert check_transfers(newer, reuse, None) == []
+    assert [p.split(" = ")[0] for p in check_transfers(make("encoder"), reuse, None)] == ["vllm.use_v2_model_runner"]
+
+
 def test_consumer_rules_run_through_check_transfers() -> None:
     example = ECExampleConnectorConfig(ec_role="ec_producer", ec_connector_extra_config={"shared_storage_path": "/e"})
     kv = ExampleKVConnectorConfig(kv_role="kv_producer", kv_connector_extra_config={"shared_storage_path": "/k"})

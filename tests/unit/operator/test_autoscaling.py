@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from epd_connectors.config.bundle import RoleBundle, parse_bundle
 from epd_connectors.config.roles import Role
 from epd_operator import apply, autoscalers, managed_fields, status
 from epd_operator.api import constants as c
 from epd_operator.api.resource import InvalidSpecError, OperatorDefaults, Owner, parse_spec
 from epd_operator.render import Desired, RoleWorkload, render_desired
 from epd_operator.revision_gate import model_roles
+from tests.unit.operator.bundles import bundles_of
 
 pytestmark = pytest.mark.unit
 
@@ -31,14 +31,6 @@ def spec(**roles: Any) -> dict[str, Any]:
 
 def render(raw: dict[str, Any], defaults: OperatorDefaults = DEFAULTS) -> Desired:
     return render_desired(OWNER, parse_spec(raw), defaults)
-
-
-def bundles_of(desired: Desired) -> dict[str, RoleBundle]:
-    return {
-        o["metadata"]["name"].removesuffix("-bundle"): parse_bundle(o["data"][c.BUNDLE_FILE])
-        for o in desired.objects
-        if o["kind"] == "ConfigMap"
-    }
 
 
 def one(desired: Desired, kind: str, name: str) -> dict[str, Any]:

@@ -12,12 +12,15 @@ from hypothesis import strategies as st
 
 from epd_connectors.config.master import MasterConfig
 from epd_connectors.config.mooncake import TENANT_RE
+from epd_connectors.config.vllm import DEFAULT_VLLM_VERSION
 from epd_operator.api.model import ModelSpec
 from epd_operator.api.spec import PrefillSpec
 from epd_operator.derive import identity, parallel, ports, quantity
 from epd_operator.derive.names import Names, name_problems
 
 pytestmark = pytest.mark.unit
+
+V = DEFAULT_VLLM_VERSION
 
 
 def model(**overrides: Any) -> ModelSpec:
@@ -31,8 +34,8 @@ def model(**overrides: Any) -> ModelSpec:
 
 def test_a_new_revision_changes_both_prefixes() -> None:
     old, new = model(revision="r1"), model(revision="r2")
-    assert identity.embedding_cache_prefix(old) != identity.embedding_cache_prefix(new)
-    assert identity.kv_cache_prefix(old) != identity.kv_cache_prefix(new)
+    assert identity.embedding_cache_prefix(old, vllm=V) != identity.embedding_cache_prefix(new, vllm=V)
+    assert identity.kv_cache_prefix(old, vllm=V) != identity.kv_cache_prefix(new, vllm=V)
 
 
 def test_dtype_and_where_the_weights_are_change_both_prefixes() -> None:
@@ -44,19 +47,19 @@ def test_dtype_and_where_the_weights_are_change_both_prefixes() -> None:
         model(source={"hostPath": {"path": "/models/w"}}),
     )
     for other in others:
-        assert identity.embedding_cache_prefix(base) != identity.embedding_cache_prefix(other)
-        assert identity.kv_cache_prefix(base) != identity.kv_cache_prefix(other)
+        assert identity.embedding_cache_prefix(base, vllm=V) != identity.embedding_cache_prefix(other, vllm=V)
+        assert identity.kv_cache_prefix(base, vllm=V) != identity.kv_cache_prefix(other, vllm=V)
 
 
 def test_processor_kwargs_change_the_embedding_prefix_only() -> None:
     base, other = model(), model(mmProcessorKwargs={"max_pixels": 1024})
-    assert identity.embedding_cache_prefix(base) != identity.embedding_cache_prefix(other)
-    assert identity.kv_cache_prefix(base) == identity.kv_cache_prefix(other)
+    assert identity.embedding_cache_prefix(base, vllm=V) != identity.embedding_cache_prefix(other, vllm=V)
+    assert identity.kv_cache_prefix(base, vllm=V) == identity.kv_cache_prefix(other, vllm=V)
 
 
 def test_the_model_revision_changes_with_anything_that_changes_outputs_and_is_a_label_value() -> None:
-    base = identity.model_revision(model())
-    assert base == identity.model_revision(model()) and re.fullmatch(r"[0-9a-f]{16}", base)
+    base = identity.model_revision(model(), vllm=V)
+    assert base == identity.model_revision(model(), vllm=V) and re.fullmatch(r"[0-9a-f]{16}", base)
     others = [
         model(revision="r2"),
         model(dtype="float16"),
@@ -65,20 +68,20 @@ def test_the_model_revision_changes_with_anything_that_changes_outputs_and_is_a_
         model(source={"hostPath": {"path": "/models/w"}}),
         model(name="Qwen/Qwen2-VL-2B-Instruct"),
     ]
-    assert len({base, *(identity.model_revision(m) for m in others)}) == len(others) + 1
-    assert identity.model_revision(model(servedModelName="vl")) == base  # a name for clients, not the weights
+    assert len({base, *(identity.model_revision(m, vllm=V) for m in others)}) == len(others) + 1
+    assert identity.model_revision(model(servedModelName="vl"), vllm=V) == base  # a name for clients, not the weights
 
 
 def test_prefixes_are_stable_valid_and_distinct_per_kind() -> None:
-    emb, kv = identity.embedding_cache_prefix(model()), identity.kv_cache_prefix(model())
-    assert emb == identity.embedding_cache_prefix(model()) and kv == identity.kv_cache_prefix(model())
+    emb, kv = identity.embedding_cache_prefix(model(), vllm=V), identity.kv_cache_prefix(model(), vllm=V)
+    assert emb == identity.embedding_cache_prefix(model(), vllm=V) and kv == identity.kv_cache_prefix(model(), vllm=V)
     assert emb.startswith("emb-") and kv.startswith("kv-") and emb[4:] != kv[3:]
     assert not any(ch in emb + kv for ch in "@ \t")
 
 
 def test_an_override_wins() -> None:
-    assert identity.embedding_cache_prefix(model(), "mine") == "mine"
-    assert identity.kv_cache_prefix(model(), "kv-mine") == "kv-mine"
+    assert identity.embedding_cache_prefix(model(), "mine", vllm=V) == "mine"
+    assert identity.kv_cache_prefix(model(), "kv-mine", vllm=V) == "kv-mine"
 
 
 def test_embedding_model_identity_has_no_key_delimiter() -> None:
@@ -174,3 +177,10 @@ def test_memory_floor_keeps_a_larger_user_value() -> None:
     assert quantity.at_least("100Gi", 5 * quantity.GI) == "100Gi"
     assert quantity.at_least("4G", 5 * quantity.GI) == "5Gi"
     assert quantity.at_least(None, 5 * quantity.GI + 1) == str(5 * quantity.GI + 1)
+
+
+def test_the_vllm_version_is_part_of_every_identity() -> None:
+    """0.33 and 0.34 name their cross-encoder keys differently and lay out KV differently: no shared entries, and
+    a version change is a new revision (rolled as a model change is)."""
+    for derive in (identity.embedding_cache_prefix, identity.kv_cache_prefix, identity.model_revision):
+        assert derive(model(), vllm="0.33") != derive(model(), vllm="0.34")

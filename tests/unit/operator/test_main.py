@@ -45,6 +45,16 @@ def test_environment_fills_what_flags_leave_out_and_flags_win() -> None:
     assert parse("-n", "z", **env).namespaces == ("z",)
 
 
+def test_the_default_vllm_version_and_the_prometheus_come_from_flags_or_environment() -> None:
+    assert parse("-n", "a", "--vllm-version", "0.34").defaults.vllm_version == "0.34"
+    s = parse("-n", "a", EPD_OPERATOR_VLLM_VERSION="0.32", EPD_OPERATOR_PROMETHEUS_URL="http://p:9090")
+    assert (s.defaults.vllm_version, s.defaults.prometheus_url) == ("0.32", "http://p:9090")
+    with pytest.raises(settings.SettingsError, match=r"'0\.35' is not one of 0\.32, 0\.33, 0\.34"):
+        parse("-n", "a", EPD_OPERATOR_VLLM_VERSION="0.35")
+    with pytest.raises(SystemExit):  # argparse's choices
+        parse("-n", "a", "--vllm-version", "0.35")
+
+
 def test_all_namespaces_and_disabled_endpoints() -> None:
     s = parse("-A", "--liveness", "", "--metrics-port", "0")
     assert s.all_namespaces and s.namespaces == ()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, field_validator, model_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from epd_connectors.config import _transfer_common
 from epd_connectors.config._transfer_common import TransferModel
@@ -37,6 +37,11 @@ class MooncakeP2PExtra(TransferModel):
     num_workers: int = 10
     """Sender threads on a prefiller (vLLM default 10)."""
 
+    kv_lease_duration: float | None = Field(default=None, gt=0)
+    """vLLM 0.34: seconds a prefiller holds a request's blocks for its decoder, renewed by the decoder's
+    heartbeats; the same on prefill and decode. None: no leases (vLLM's default; blocks are freed after
+    VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT, 480 s)."""
+
     @field_validator("num_workers")
     @classmethod
     def _workers(cls, value: int) -> int:
@@ -61,6 +66,10 @@ class MooncakeStoreExtra(TransferModel):
 
     lookup_async: bool = False
     """Run prefix lookups in a background thread so scheduler steps never block (vLLM default false)."""
+
+    lookup_timeout_s: float | None = Field(default=None, gt=0)
+    """vLLM 0.34: seconds a prefix lookup in the store may take before it counts as a miss (None: vLLM's 1.0;
+    0.33 waits without a bound)."""
 
     lookup_rpc_port: int = 0
     """Number in the lookup socket's IPC path (not a TCP port); instances sharing a host and DP rank need

@@ -18,7 +18,7 @@ from epd_connectors.config.kv_transfer import (
     connectors_of,
 )
 from epd_connectors.config.roles import Role
-from epd_connectors.config.vllm import VllmServerConfig
+from epd_connectors.config.vllm import V2_ONLY_VERSIONS, VllmServerConfig
 
 HASH_SEED_ALGOS = frozenset({"xxhash", "xxhash_cbor"})
 """Prefix-caching hash algorithms that seed per process: store sharers then need one PYTHONHASHSEED."""
@@ -90,7 +90,7 @@ def _cross_encoder_problems(server: VllmServerConfig, store_offload: bool | None
     """What cross_encoder_cache needs of the server and the store (vLLM 0.33 and the seed document)."""
     why = "cross_encoder_cache requires"
     found: list[str] = []
-    if server.use_v2_model_runner is not True:
+    if server.use_v2_model_runner is not True and server.vllm_version not in V2_ONLY_VERSIONS:
         found.append(
             problem(
                 "vllm.use_v2_model_runner",

@@ -29,6 +29,16 @@ ModelDType = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
 PrefixCachingHashAlgo = Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
 """vLLM 0.33's ``--prefix-caching-hash-algo`` choices."""
 
+VllmVersion = Literal["0.32", "0.33", "0.34"]
+"""The vLLM minor versions bundles are rendered for: their flags, environment and connector keys differ
+(docs/vllm-0.34.md)."""
+
+DEFAULT_VLLM_VERSION: VllmVersion = "0.33"
+"""The vLLM of the default GPU image (images/vllm)."""
+
+V2_ONLY_VERSIONS: frozenset[str] = frozenset({"0.34"})
+"""vLLMs with Model Runner V2 alone: VLLM_USE_V2_MODEL_RUNNER is gone, and any value but 1 is refused."""
+
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 """What ``argv()`` follows: ``python -m vllm.entrypoints.openai.api_server`` (``vllm serve`` fails in the
 CPU build)."""
@@ -169,8 +179,12 @@ class VllmServerConfig(ConfigModel):
     enable_lora: bool = False
     """Serve LoRA adapters; cross-encoder reuse does not support it."""
 
+    vllm_version: VllmVersion = DEFAULT_VLLM_VERSION
+    """The vLLM this server runs (its image's): what its flags, environment and connector keys may be."""
+
     use_v2_model_runner: bool | None = None
-    """VLLM_USE_V2_MODEL_RUNNER; None lets vLLM choose (V1 where V2 is unavailable, e.g. on the CPU)."""
+    """VLLM_USE_V2_MODEL_RUNNER; None lets vLLM choose (V1 where V2 is unavailable, e.g. on the CPU). vLLM 0.34
+    runs V2 only: leave it unset there."""
 
     enforce_eager: bool | None = None
     """Disable CUDA graphs; None means true on encoders (required there), vLLM's default elsewhere."""
@@ -261,6 +275,17 @@ class VllmServerConfig(ConfigModel):
                     f"set {OWNED_FLAGS[flag]} instead of passing {flag}",
                 )
         return value
+
+    @model_validator(mode="after")
+    def _runner_exists(self) -> VllmServerConfig:
+        if self.vllm_version in V2_ONLY_VERSIONS and self.use_v2_model_runner is not None:
+            raise rule_error(
+                "use_v2_model_runner",
+                self.use_v2_model_runner,
+                f"vLLM {self.vllm_version} has only Model Runner V2 (VLLM_USE_V2_MODEL_RUNNER is gone; 0 is refused)",
+                "leave it unset",
+            )
+        return self
 
     @model_validator(mode="after")
     def _role_flags(self) -> VllmServerConfig:

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from epd_connectors.config.base import ConfigError
+from epd_connectors.config.vllm import DEFAULT_VLLM_VERSION, VllmVersion
 from epd_operator.api import constants as c
 from epd_operator.api.spec import EPDDeploymentSpec
 
@@ -57,6 +58,8 @@ class OperatorDefaults:
     """Image of the Mooncake master and store-client pods."""
     gpu_resource: str = c.GPU_RESOURCE
     """Extended resource name of a GPU."""
+    vllm_version: VllmVersion = DEFAULT_VLLM_VERSION
+    """The vLLM of `vllm_image`, for specs that do not say (spec.images.vllmVersion)."""
     prometheus_url: str | None = None
     """The Prometheus that KEDA's triggers query for autoscaled roles (engine keda); None: none known, and such a
     role is refused with the fix."""

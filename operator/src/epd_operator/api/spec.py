@@ -10,6 +10,7 @@ from pydantic import ConfigDict, Field, field_validator
 
 from epd_connectors.config.base import Port
 from epd_connectors.config.media import HOST_NAME, MediaAccess
+from epd_connectors.config.vllm import VllmVersion
 from epd_operator.api import kube as k
 from epd_operator.api._base import ApiModel, EnvMap, LabelMap, NodePath, PositiveQuantity, Resources
 from epd_operator.api._rules import Rule, RuledModel
@@ -27,6 +28,10 @@ class Images(ApiModel):
     """Image for the proxy (epd-connectors)."""
     mooncake: str | None = Field(default=None, min_length=1, max_length=k.STRING_MAX, pattern=k.IMAGE)
     """Image for the Mooncake master and store clients."""
+    vllm_version: VllmVersion | None = None
+    """The vLLM minor version the vllm image runs (0.32, 0.33 or 0.34): what is rendered for it. Unset: the
+    operator's default (the default image's, 0.33). Part of the model revision and of the cache prefixes, so a
+    change rolls every vLLM role as a model change does, and two versions never share cache entries."""
 
 
 class SharedStorageSpec(RuledModel):
@@ -117,8 +122,19 @@ class EncoderSpec(_RoleCommon):
 KVConnector = Literal["mooncake", "mooncake-store", "mooncake+store", "shared-storage"]
 
 
-class PrefillKVSpec(ApiModel):
+class PrefillKVSpec(RuledModel):
     """How KV moves from prefill to decode."""
+
+    RULES: ClassVar[tuple[Rule[PrefillKVSpec], ...]] = (
+        Rule(
+            ".leaseDurationSeconds",
+            lambda kv: kv.lease_duration_seconds is None or kv.uses_p2p,
+            lambda kv: kv.lease_duration_seconds,
+            "is MooncakeConnector's (P2P)",
+            "remove it, or use connector mooncake or mooncake+store",
+            cel="!has(self.leaseDurationSeconds) || self.connector == 'mooncake' || self.connector == 'mooncake+store'",
+        ),
+    )
 
     connector: KVConnector = "mooncake"
     """mooncake: P2P MooncakeConnector; mooncake-store: through the store (MooncakeStoreConnector);
@@ -127,6 +143,10 @@ class PrefillKVSpec(ApiModel):
     """MooncakeStoreConnector: load KV asynchronously."""
     lookup_async: bool = False
     """MooncakeStoreConnector: look up the store asynchronously."""
+    lease_duration_seconds: float | None = Field(default=None, gt=0, le=3600)
+    """vLLM 0.34 only, MooncakeConnector (mooncake, mooncake+store): seconds a prefill holds a request's KV blocks
+    for its decode, renewed while the decode is alive (kv_lease_duration, set alike on both); unset: no leases,
+    blocks are freed after 480 s."""
 
     @property
     def uses_store(self) -> bool:

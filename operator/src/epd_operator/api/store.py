@@ -175,6 +175,9 @@ class StoreSpec(RuledModel):
     """Tenant and isolation."""
     kv_cache_prefix: str | None = Field(default=None, max_length=k.STRING_MAX, pattern=r"^[^@\s]+$")
     """Override of the derived KV cache prefix (MooncakeStoreConnector cache_prefix)."""
+    kv_lookup_timeout_seconds: float | None = Field(default=None, gt=0, le=600)
+    """vLLM 0.34 only: seconds a prefix lookup in the store may take before it counts as a miss
+    (MooncakeStoreConnector lookup_timeout_s; vLLM's default 1.0; 0.33 waits without a bound)."""
     metrics_from: list[MetricsPeerSpec] = Field(default=[], max_length=k.MAP_MAX)
     """Who may scrape the master's and the store clients' metrics ports besides the store's users (Prometheus).
     The master's metrics port also serves Mooncake's admin API, so admit only the scraper."""

@@ -51,10 +51,12 @@ def tenant_id(override: str | None, namespace: str, name: str) -> str:
     return derived
 
 
-def embedding_identity(model: ModelSpec) -> dict[str, Any]:
-    """What decides an encoder's output: weights (name, revision, and where they are read from), dtype, and the
-    multimodal processor settings (they change the patches the encoder sees)."""
+def embedding_identity(model: ModelSpec, *, vllm: str) -> dict[str, Any]:
+    """What decides an encoder's output: weights (name, revision, and where they are read from), dtype, the
+    multimodal processor settings (they change the patches the encoder sees), and the vLLM that runs it (its
+    kernels, and its own key namespace: 0.33 and 0.34 hash it differently)."""
     return {
+        "vllm": vllm,
         "name": model.name,
         "revision": model.revision,
         "dtype": model.dtype,
@@ -63,10 +65,12 @@ def embedding_identity(model: ModelSpec) -> dict[str, Any]:
     }
 
 
-def kv_identity(model: ModelSpec) -> dict[str, Any]:
-    """What decides a KV block beyond the tokens, which vLLM's block hash already covers: the weights and
-    the dtype. Processor settings are not here: they change the prompt tokens, hence the block hashes."""
+def kv_identity(model: ModelSpec, *, vllm: str) -> dict[str, Any]:
+    """What decides a KV block beyond the tokens, which vLLM's block hash already covers: the weights, the
+    dtype and the vLLM (its block layout and default block size differ). Processor settings are not here: they
+    change the prompt tokens, hence the block hashes."""
     return {
+        "vllm": vllm,
         "name": model.name,
         "revision": model.revision,
         "dtype": model.dtype,
@@ -85,11 +89,11 @@ def weights_location(model: ModelSpec) -> str:
     return f"pvc:{source.pvc.claim_name}" if source.pvc is not None else ""
 
 
-def model_revision(model: ModelSpec) -> str:
+def model_revision(model: ModelSpec, *, vllm: str) -> str:
     """What every vLLM pod carries as its revision label: a hash of all that decides its outputs (the encoder's
     identity, which covers the KV identity), so pods of one value may exchange embeddings and KV blocks and pods
     of two values may not."""
-    return _identity_hash(REVISION_HEAD, embedding_identity(model))
+    return _identity_hash(REVISION_HEAD, embedding_identity(model, vllm=vllm))
 
 
 def _identity_hash(head: str, identity: dict[str, Any]) -> str:
@@ -101,14 +105,14 @@ def _prefix(head: str, identity: dict[str, Any]) -> str:
     return head + _identity_hash(head, identity)
 
 
-def embedding_cache_prefix(model: ModelSpec, override: str | None = None) -> str:
+def embedding_cache_prefix(model: ModelSpec, override: str | None = None, *, vllm: str) -> str:
     """spec.encoder.crossEncoderCache.prefix, else "emb-" + a hash of `embedding_identity`."""
-    return override or _prefix(EMBEDDING_PREFIX_HEAD, embedding_identity(model))
+    return override or _prefix(EMBEDDING_PREFIX_HEAD, embedding_identity(model, vllm=vllm))
 
 
-def kv_cache_prefix(model: ModelSpec, override: str | None = None) -> str:
+def kv_cache_prefix(model: ModelSpec, override: str | None = None, *, vllm: str) -> str:
     """spec.store.kvCachePrefix, else "kv-" + a hash of `kv_identity`."""
-    return override or _prefix(KV_PREFIX_HEAD, kv_identity(model))
+    return override or _prefix(KV_PREFIX_HEAD, kv_identity(model, vllm=vllm))
 
 
 def embedding_model_identity(model: ModelSpec) -> str:

@@ -12,7 +12,7 @@ from epd_connectors.config.bundle import Peers, RoleBundle, needs_store
 from epd_connectors.config.master import MasterConfig
 from epd_connectors.config.mooncake import MooncakeStoreConfig
 from epd_connectors.config.roles import VLLM_ROLES, Role
-from epd_connectors.config.vllm import VllmServerConfig
+from epd_connectors.config.vllm import V2_ONLY_VERSIONS, VllmServerConfig
 from epd_operator.api import constants as c
 from epd_operator.api.spec import DecodeSpec, EncoderSpec, PrefillSpec
 from epd_operator.render import transfer
@@ -63,8 +63,9 @@ def server_config(ctx: Context, unit: Unit) -> VllmServerConfig:
         max_num_batched_tokens=section.max_num_batched_tokens,
         enforce_eager=section.enforce_eager,
         mm_processor_cache_gb=model.mm_processor_cache_gb,
-        # Cross-encoder reuse needs Model Runner V2 (facts.md); elsewhere vLLM chooses.
-        use_v2_model_runner=True if cross_encoder else None,
+        vllm_version=ctx.vllm_version,
+        # Cross-encoder reuse needs Model Runner V2 (facts.md); elsewhere vLLM chooses. 0.34 has no other.
+        use_v2_model_runner=True if cross_encoder and ctx.vllm_version not in V2_ONLY_VERSIONS else None,
         python_hash_seed=ctx.hash_seed,
         mooncake_bootstrap_port=(ctx.bootstrap_port(unit) if transfer.runs_bootstrap_server(ctx, unit.role) else None),
         shutdown_timeout_s=c.VLLM_SHUTDOWN_TIMEOUT_S,

@@ -11,6 +11,7 @@ from typing import Final
 
 from epd_connectors.config.bundle import POD_IP_PLACEHOLDER
 from epd_connectors.config.roles import Role
+from epd_connectors.config.vllm import VllmVersion
 from epd_operator.api.autoscaling import AutoscalingSpec
 from epd_operator.api.resource import OperatorDefaults, Owner
 from epd_operator.api.spec import EPDDeploymentSpec
@@ -69,6 +70,8 @@ class Context:
     hash_seed: int
     model_revision: str
     """The vLLM pods' revision label (derive.identity.model_revision)."""
+    vllm_version: VllmVersion
+    """The vLLM the vllm image runs (spec.images.vllmVersion, else the operator's default)."""
     site: sites.Site = sites.CLUSTER
     """Addresses and paths (derive.site): a cluster's unless the local runner renders."""
 
@@ -121,6 +124,7 @@ def build_context(
     store, prefill = spec.store, spec.prefill
     cross_encoder = spec.encoder.cross_encoder_cache
     sizes = parallel.prefill_tp_sizes(prefill) if prefill is not None else ()
+    vllm = spec.images.vllm_version or defaults.vllm_version
     return Context(
         owner=owner,
         spec=spec,
@@ -128,13 +132,20 @@ def build_context(
         names=Names(owner.name, owner.namespace, where.network),
         tenant_id=identity.tenant_id(store.tenant.id, owner.namespace, owner.name) if store else "",
         embedding_prefix=(
-            identity.embedding_cache_prefix(spec.model, cross_encoder.prefix) if cross_encoder.enabled else ""
+            identity.embedding_cache_prefix(spec.model, cross_encoder.prefix, vllm=vllm)
+            if cross_encoder.enabled
+            else ""
         ),
-        kv_prefix=identity.kv_cache_prefix(spec.model, store.kv_cache_prefix) if store and spec.uses_kv_store else "",
+        kv_prefix=(
+            identity.kv_cache_prefix(spec.model, store.kv_cache_prefix, vllm=vllm)
+            if store and spec.uses_kv_store
+            else ""
+        ),
         prefill_tp_sizes=sizes,
         store_tp=parallel.store_tp_size(sizes) if spec.store_kv_split else 0,
         hash_seed=identity.python_hash_seed(owner.namespace, owner.name),
-        model_revision=identity.model_revision(spec.model),
+        model_revision=identity.model_revision(spec.model, vllm=vllm),
+        vllm_version=vllm,
         site=where,
     )
 

@@ -6,9 +6,12 @@ prefill pools together, the ports of a pod, or what the operator renders into vL
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from epd_connectors.config.kv_transfer import p2p_tp_fits
 from epd_connectors.config.roles import VLLM_ROLES, Role
 from epd_connectors.config.vllm import OWNED_FLAGS, owned_flag
+from epd_operator.api.spec import EPDDeploymentSpec
 from epd_operator.api.store import StoreSpec
 from epd_operator.derive import names as naming
 from epd_operator.derive import ports
@@ -24,6 +27,7 @@ def whole_spec_problems(ctx: Context, units: list[Unit]) -> list[str]:
         [u.name for u in units if u.role == Role.STORE_CLIENT and u.replicas is not None],
     )
     found += _pool_problems(ctx)
+    found += _version_problems(ctx)
     found += _p2p_tp_problems(ctx, units)
     if ctx.spec.store is not None:
         found += _store_problems(ctx.spec.store)
@@ -32,6 +36,31 @@ def whole_spec_problems(ctx: Context, units: list[Unit]) -> list[str]:
             found += _vllm_problems(ctx, unit)
         found += _autoscaling_problems(ctx, unit)
     return list(dict.fromkeys(found))  # prefill pools share the main pool's extraArgs: report once
+
+
+NEWER_KEYS: tuple[tuple[str, str, Callable[[EPDDeploymentSpec], object]], ...] = (
+    (
+        "spec.prefill.kv.leaseDurationSeconds",
+        "0.34",
+        lambda s: s.prefill_kv.lease_duration_seconds if s.prefill_kv else None,
+    ),
+    ("spec.store.kvLookupTimeoutSeconds", "0.34", lambda s: s.store.kv_lookup_timeout_seconds if s.store else None),
+)
+"""Fields that set a connector key only a newer vLLM reads: (field, the first vLLM that reads it, its value)."""
+
+
+def _version_problems(ctx: Context) -> list[str]:
+    """A key an older vLLM would ignore: refused, since the user asked for its effect and would not get it."""
+    return [
+        f"{field} = {value!r}: vLLM {ctx.vllm_version} does not read it (it is new in vLLM {since}). Fix: remove it, "
+        f"or run vLLM {since} (spec.images.vllmVersion: '{since}' with its image)"
+        for field, since, read in NEWER_KEYS
+        if (value := read(ctx.spec)) is not None and _older(ctx.vllm_version, since)
+    ]
+
+
+def _older(version: str, than: str) -> bool:
+    return tuple(int(p) for p in version.split(".")) < tuple(int(p) for p in than.split("."))
 
 
 def _autoscaling_problems(ctx: Context, unit: Unit) -> list[str]:

@@ -107,6 +107,7 @@ def _store_child(ctx: Context, kv_role: Literal["kv_both", "kv_consumer"]) -> Mo
         # On a split every prefiller and decoder carries the same list, so mixed prefill TPs share blocks.
         enable_store_tp_lcm=split,
         prefill_tp_sizes=ctx.prefill_tp_sizes if split else None,
+        lookup_timeout_s=ctx.spec.store.kv_lookup_timeout_seconds if ctx.spec.store else None,
     )
     return MooncakeStoreConnectorConfig(
         kv_role=kv_role, kv_connector_extra_config=extra, kv_load_failure_policy=_load_failure_policy(ctx)
@@ -114,7 +115,12 @@ def _store_child(ctx: Context, kv_role: Literal["kv_both", "kv_consumer"]) -> Mo
 
 
 def _p2p_child(ctx: Context, kv_role: Literal["kv_producer", "kv_consumer"]) -> MooncakeConnectorConfig:
-    extra = MooncakeP2PExtra(mooncake_protocol=_protocol(ctx), device_name=ctx.device_name)
+    kv = ctx.spec.prefill_kv
+    extra = MooncakeP2PExtra(
+        mooncake_protocol=_protocol(ctx),
+        device_name=ctx.device_name,
+        kv_lease_duration=kv.lease_duration_seconds if kv else None,  # one value on prefill and decode
+    )
     return MooncakeConnectorConfig(
         kv_role=kv_role, kv_connector_extra_config=extra, kv_load_failure_policy=_load_failure_policy(ctx)
     )

@@ -27,6 +27,8 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 OWNER = Owner(name="demo", namespace="serving", uid="00000000-0000-4000-8000-000000000014")
 POD_IP = "127.0.0.1"
+DEFAULTS = OperatorDefaults(prometheus_url="http://prometheus.monitoring.svc:9090")
+"""The operator's defaults with a Prometheus named, as examples/e-pd-autoscaled.yaml needs (vLLM never sees it)."""
 
 Case = dict[str, Any]
 
@@ -134,7 +136,7 @@ def specs() -> Iterator[tuple[str, dict[str, Any]]]:
 def cases(name: str, spec: dict[str, Any], *, model: Path, workdir: Path) -> list[Case]:
     """One case per vLLM role bundle of the rendered spec; empty when the operator refuses the spec."""
     try:
-        desired = render_desired(OWNER, parse_spec(spec), OperatorDefaults())
+        desired = render_desired(OWNER, parse_spec(spec), DEFAULTS)
     except InvalidSpecError:
         return []
     found: list[Case] = []

@@ -30,8 +30,17 @@ READY_TIMEOUT_S = 180.0
 LIVENESS_TIMEOUT_S = 60.0
 
 
+KEDA_CRD = "keda.sh_scaledobjects.yaml"
+"""KEDA's ScaledObject CRD (hack/build-k8s-tools.sh copies it from KEDA's Go module): the autoscaled example's
+ScaledObjects are accepted, though no KEDA runs to act on them."""
+PROMETHEUS_URL = "http://prometheus.monitoring.svc:9090"
+"""What the operator names for KEDA's triggers; nothing queries it, as no KEDA runs here."""
+
+
 def crd_files(root: pathlib.Path) -> list[pathlib.Path]:
-    return sorted((root / "crds").glob("*.yaml"))
+    """Ours from crds/, and KEDA's ScaledObject CRD where the Go tools were built."""
+    keda = layout.bin_dir() / "keda" / KEDA_CRD
+    return sorted((root / "crds").glob("*.yaml")) + ([keda] if keda.exists() else [])
 
 
 def example_files(root: pathlib.Path) -> list[pathlib.Path]:
@@ -152,6 +161,7 @@ def running_operator(local: cluster.Cluster, say: Callable[[str], None]) -> Iter
         f"--liveness={liveness}",
         "--store-poll-interval=0",  # the fleet's masters are simulated pods: nothing may be sent to them
         "--transfer-poll-interval=0",  # nor to its proxies
+        f"--prometheus-url={PROMETHEUS_URL}",
     ]
     log = local.files.logs / "operator.log"
     with log.open("ab") as out:
@@ -184,7 +194,7 @@ def _answers(url: str) -> bool:
 def run(local: cluster.Cluster, root: pathlib.Path, say: Callable[[str], None]) -> None:
     """Install the CRD, run the operator, apply every example, wait for Ready, show the result."""
     kubectl = Kubectl(local)
-    say("installing the CRD from crds/")
+    say("installing the CRDs (ours from crds/, KEDA's ScaledObject)")
     for crd in crd_files(root):
         kubectl("apply", "--server-side", "--field-manager=epd-demo", "-f", str(crd))
     kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")

@@ -18,7 +18,7 @@ from tests.unit.operator.bundles import bundles_of
 
 pytestmark = pytest.mark.unit
 
-EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "e-p-d-vllm-0.34.yaml"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "e-p-d-vllm034.yaml"
 OWNER = Owner(name="vl", namespace="serving", uid="00000000-0000-4000-8000-000000000004")
 
 

@@ -31,7 +31,6 @@ QUIET_S = 10.0
 REPAIRED = re.compile(r"applied again \((written|no-op)\)")
 """The operator's log line of one repair."""
 _PLURALS = {k.plural: k.kind for k in apply.MANAGED_KINDS}
-AUTOSCALER_KINDS = {"HorizontalPodAutoscaler", "ScaledObject"}
 
 
 def path_of(obj: dict[str, Any]) -> str:
@@ -73,7 +72,7 @@ def test_every_deleted_child_kind_comes_back_as_rendered(operator: Operator, kub
         if obj["kind"] not in apply.WORKLOAD_KINDS:
             victims.setdefault(obj["kind"], obj)
     # The autoscalers' kinds are deleted and restored in test_operator_autoscaling.
-    assert set(victims) == {k.kind for k in apply.MANAGED_KINDS} - apply.WORKLOAD_KINDS - AUTOSCALER_KINDS
+    assert set(victims) == {k.kind for k in apply.MANAGED_KINDS} - apply.WORKLOAD_KINDS - apply.AUTOSCALER_KINDS
     applies_before, log_at = applies(kube), operator.size()
 
     latencies: dict[str, float] = {}

@@ -79,6 +79,7 @@ kind in render is added here, and `sync` refuses a desired object of a kind miss
 _BY_KIND = {k.kind: k for k in MANAGED_KINDS}
 
 WORKLOAD_KINDS = frozenset({"Deployment", "StatefulSet", "DaemonSet"})
+AUTOSCALER_KINDS = frozenset({"HorizontalPodAutoscaler", "ScaledObject"})
 
 
 class UnmanagedKindError(ValueError):
@@ -276,13 +277,18 @@ async def _hand_over_replicas(client: _kube.Requester, live: dict[str, Any]) -> 
         "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
         "spec": {"replicas": live["spec"]["replicas"]},
     }
-    return await client.request(
-        "PATCH",
-        f"{kind_of(live).collection(meta['namespace'])}/{meta['name']}",
-        query={"fieldManager": c.REPLICAS_HANDOFF_MANAGER, "force": "true"},
-        body=handoff,
-        content_type=_kube.APPLY_PATCH,
-    )
+    return await _server_side_apply(client, handoff, c.REPLICAS_HANDOFF_MANAGER)
+
+
+def _object_path(obj: dict[str, Any]) -> str:
+    meta = obj["metadata"]
+    return f"{kind_of(obj).collection(meta['namespace'])}/{meta['name']}"
+
+
+async def _server_side_apply(client: _kube.Requester, obj: dict[str, Any], manager: str) -> dict[str, Any]:
+    """One forced server-side apply of `obj` under `manager`."""
+    query = {"fieldManager": manager, "force": "true"}
+    return await client.request("PATCH", _object_path(obj), query=query, body=obj, content_type=_kube.APPLY_PATCH)
 
 
 async def current(client: _kube.Requester, obj: dict[str, Any]) -> dict[str, Any] | None:
@@ -313,7 +319,7 @@ async def _remove(client: _kube.Requester, live: dict[str, Any], pointers: Seque
     ops += [{"op": "remove", "path": pointer} for pointer in pointers]
     return await client.request(
         "PATCH",
-        f"{kind_of(live).collection(meta['namespace'])}/{meta['name']}",
+        _object_path(live),
         query={"fieldManager": c.FIELD_MANAGER},
         body=ops,
         content_type=_kube.JSON_PATCH,
@@ -322,15 +328,8 @@ async def _remove(client: _kube.Requester, live: dict[str, Any], pointers: Seque
 
 async def _apply(client: _kube.Requester, obj: dict[str, Any]) -> dict[str, Any]:
     kind = kind_of(obj)
-    meta = obj["metadata"]
     try:
-        return await client.request(
-            "PATCH",
-            f"{kind.collection(meta['namespace'])}/{meta['name']}",
-            query={"fieldManager": c.FIELD_MANAGER, "force": "true"},
-            body=obj,
-            content_type=_kube.APPLY_PATCH,
-        )
+        return await _server_side_apply(client, obj, c.FIELD_MANAGER)
     except _kube.NotFoundError as exc:
         # An apply creates what is missing, so a 404 names something not there yet: the kind itself (a CRD not
         # installed), or a RoleBinding's Role missing from the API server's cache for its escalation check.

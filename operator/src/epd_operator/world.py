@@ -37,7 +37,7 @@ def controller_uid(meta: Mapping[str, Any]) -> str | None:
     return next((r.get("uid") for r in refs if r.get("controller") and r.get("kind") == c.KIND), None)
 
 
-KEPT_KINDS = apply.WORKLOAD_KINDS | {"HorizontalPodAutoscaler", "ScaledObject"}
+KEPT_KINDS = apply.WORKLOAD_KINDS | apply.AUTOSCALER_KINDS
 """The kinds status reads: workloads and their autoscalers."""
 
 

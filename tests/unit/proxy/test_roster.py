@@ -7,7 +7,7 @@ import pytest
 
 from epd_connectors.config.bundle import ConsumerEndpoint, ECControl, Endpoint, Peers
 from epd_connectors.config.roles import Role
-from epd_connectors.proxy.health import apply_probe
+from epd_connectors.proxy.health import Probe, apply_probe
 from epd_connectors.proxy.roster import InstanceSpec, Outstanding, Roster
 from epd_connectors.proxy.settings import Limits
 from epd_connectors.proxy.static import StaticRoster, from_peers, watches_from_peers
@@ -55,11 +55,28 @@ def test_probe_evicts_after_repeated_failures_and_readmits() -> None:
     instance = roster.instances()[0]
     limits = Limits(evict_after=2, readmit_after=2)
     instance.engine_id = "E0"
-    assert not apply_probe(instance, False, limits) and instance.healthy
+    assert not apply_probe(instance, Probe.FAILED, limits, 0.0) and instance.healthy
     assert instance.engine_id is None, "a restarted prefill is a new engine: its id is asked again"
-    assert apply_probe(instance, False, limits) and not instance.healthy
-    assert not apply_probe(instance, True, limits) and not instance.healthy
-    assert apply_probe(instance, True, limits) and instance.healthy
+    assert apply_probe(instance, Probe.FAILED, limits, 2.0) and not instance.healthy
+    assert not apply_probe(instance, Probe.ANSWERED, limits, 4.0) and not instance.healthy
+    assert apply_probe(instance, Probe.ANSWERED, limits, 6.0) and instance.healthy
+
+
+def test_unanswered_probes_evict_only_after_the_grace() -> None:
+    """A busy engine whose /health stalls stays in routing for the grace; one that keeps silent past it leaves,
+    and an answer in between starts the count again."""
+    roster = Roster.build({Role.PD: [InstanceSpec("http://p")]}, healthy=True)
+    instance = roster.instances()[0]
+    limits = Limits(evict_after=2, slow_probe_grace_s=10.0)
+    for now in (0.0, 2.0, 4.0, 9.9):
+        assert not apply_probe(instance, Probe.UNANSWERED, limits, now) and instance.healthy, now
+    assert not apply_probe(instance, Probe.ANSWERED, limits, 12.0) and instance.failing_since is None
+    for now in (13.0, 15.0, 22.9):
+        assert not apply_probe(instance, Probe.UNANSWERED, limits, now) and instance.healthy, now
+    assert apply_probe(instance, Probe.UNANSWERED, limits, 23.0) and not instance.healthy
+    again = Roster.build({Role.PD: [InstanceSpec("http://q")]}, healthy=True).instances()[0]
+    apply_probe(again, Probe.UNANSWERED, limits, 0.0)
+    assert apply_probe(again, Probe.FAILED, limits, 1.0) and not again.healthy, "a refusal is not forgiven"
 
 
 def test_static_roster_pd_and_split() -> None:

@@ -2,7 +2,8 @@
 
 A pod can be Ready for Kubernetes and still unable to serve (an engine that died), and a static roster has no
 readiness at all, so the proxy probes every instance itself. One failed probe is forgiven (`evict_after`), a
-recovered instance returns after `readmit_after` good probes. Request failures that show an instance is
+probe that goes unanswered is forgiven for `slow_probe_grace_s` (busy, not dead), and a recovered instance
+returns after `readmit_after` good probes. Request failures that show an instance is
 unreachable evict it at once (encode.record_failure); the prober brings it back.
 """
 
@@ -10,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
+import time
 
 from epd_connectors.proxy.backend import Backend
 from epd_connectors.proxy.errors import ProxyError
@@ -20,19 +23,33 @@ from epd_connectors.proxy.settings import Limits, Timeouts
 log = logging.getLogger(__name__)
 
 
-def apply_probe(instance: Instance, ok: bool, limits: Limits) -> bool:
-    """Update the instance from one probe result; True when its routing state flipped."""
-    if ok:
+class Probe(enum.Enum):
+    """What one probe found."""
+
+    ANSWERED = "answered"
+    FAILED = "failed"
+    """Refused, reset or an error status: the instance is down or broken."""
+    UNANSWERED = "unanswered"
+    """Connected, then no answer within the probe timeout: busy or hung, which a slow moment cannot tell apart."""
+
+
+def apply_probe(instance: Instance, probe: Probe, limits: Limits, now: float) -> bool:
+    """Update the instance from one probe (`now` on the monotonic clock); True when its routing state flipped."""
+    if probe is Probe.ANSWERED:
         instance.successes += 1
         instance.failures = 0
+        instance.failing_since = None
         if not instance.healthy and instance.successes >= limits.readmit_after:
             instance.healthy = True
             return True
         return False
     instance.failures += 1
     instance.successes = 0
+    if instance.failing_since is None:
+        instance.failing_since = now
     instance.engine_id = None  # a prefill that fails a probe may come back as a new engine: ask again
-    if instance.healthy and instance.failures >= limits.evict_after:
+    patient = probe is Probe.UNANSWERED and now - instance.failing_since < limits.slow_probe_grace_s
+    if instance.healthy and instance.failures >= limits.evict_after and not patient:
         instance.healthy = False
         return True
     return False
@@ -56,22 +73,29 @@ class Prober:
             return
         instances = self._roster.instances()
         results = await asyncio.gather(*(self._probe(i) for i in instances))
-        for instance, ok in zip(instances, results, strict=True):
-            if apply_probe(instance, ok, self._limits):
+        now = time.monotonic()
+        for instance, probe in zip(instances, results, strict=True):
+            if apply_probe(instance, probe, self._limits, now):
                 if instance.healthy:
                     log.info("%s %s admitted (its /health answers)", instance.role.value, instance.url)
                 else:
                     log.warning(
-                        "%s %s evicted after %d failed probes", instance.role.value, instance.url, instance.failures
+                        "%s %s evicted after %d failed probes (the last %s)",
+                        instance.role.value,
+                        instance.url,
+                        instance.failures,
+                        probe.value,
                     )
 
-    async def _probe(self, instance: Instance) -> bool:
+    async def _probe(self, instance: Instance) -> Probe:
         try:
             async with asyncio.timeout(self._timeouts.probe):
                 status, _ = await self._backend.get(instance.url + "/health", role=instance.role.value)
-        except (ProxyError, TimeoutError):
-            return False
-        return status == 200
+        except TimeoutError:
+            return Probe.UNANSWERED
+        except ProxyError:
+            return Probe.FAILED
+        return Probe.ANSWERED if status == 200 else Probe.FAILED
 
     def wake(self) -> None:
         self._wake.set()

@@ -48,6 +48,8 @@ class Instance:
     outstanding: int = 0
     failures: int = 0
     """Consecutive failed probes."""
+    failing_since: float | None = None
+    """When the first of those failed (monotonic clock); None while probes answer."""
     successes: int = 0
     """Consecutive good probes."""
     engine_id: str | None = None

@@ -34,6 +34,11 @@ DEFAULT_EVICT_AFTER = 2
 """Consecutive failed probes that take an instance out of routing (one blip is forgiven)."""
 DEFAULT_READMIT_AFTER = 1
 """Consecutive good probes that bring an evicted instance back."""
+DEFAULT_SLOW_PROBE_GRACE_S = 15.0
+"""Seconds an instance may leave probes unanswered (it accepts the connection, then says nothing in time) before
+that evicts it. On a saturated node a busy engine's /health can stall for seconds, and evicting every instance
+of a role for that turns a slow moment into 503s; a refused connection or an error status still counts at once."""
+"""Consecutive good probes that bring an evicted instance back."""
 DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
 """Largest request body accepted (bytes); inline base64 videos are big, unbounded bodies are an attack."""
 DEFAULT_HEAD_TIMEOUT_S = 10.0
@@ -79,6 +84,7 @@ class Limits:
     probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S
     evict_after: int = DEFAULT_EVICT_AFTER
     readmit_after: int = DEFAULT_READMIT_AFTER
+    slow_probe_grace_s: float = DEFAULT_SLOW_PROBE_GRACE_S
 
     @property
     def probing(self) -> bool:

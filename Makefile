@@ -6,6 +6,7 @@ SHELL := /bin/bash
 VENV      ?= .venv
 VENV_E2E  ?= .venv-e2e
 VENV_VLLM033 ?= .venv-vllm033
+VENV_VLLM034 ?= .venv-vllm034
 PY        := $(VENV)/bin/python
 PYTEST    := $(VENV)/bin/pytest
 BIN_DIR   := .cache/bin
@@ -15,7 +16,7 @@ export PATH := $(CURDIR)/$(BIN_DIR):$(CURDIR)/$(VENV)/bin:$(PATH)
 .PHONY: help setup setup-apt setup-python setup-k8s-tools lint fmt test test-fast test-unit test-cluster test-store \
         setup-e2e test-e2e cluster-up cluster-down cluster-status demo demo-local bench clean crds images images-test \
         images-test-vllm images-resolve-gpu test-images test-pods \
-        setup-vllm033 test-vllm
+        setup-vllm033 setup-vllm034 test-vllm
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -59,7 +60,7 @@ images-test-vllm: setup-apt setup-e2e ## build the CPU flavour of the vLLM image
 images-resolve-gpu: setup-python ## pip's resolver (dry run) over the GPU vLLM image's exact requirements
 	@images/resolve-gpu.sh $(PY)
 
-test: ## set-up, lint, then every tier: unit, proxy, store, cluster, images, vLLM's own checks, then e2e (real vLLM, real pods on the real node; installs .venv-e2e ~6 GB and .venv-vllm033 5.5 GB); ends with the timeline (.run/timeline.txt)
+test: ## set-up, lint, then every tier: unit, proxy, store, cluster, images, vLLM's own checks, then e2e (real vLLM, real pods on the real node; installs .venv-e2e ~6 GB, .venv-vllm033 5.5 GB and .venv-vllm034 0.6 GB); ends with the timeline (.run/timeline.txt)
 	@hack/test.sh
 
 test-fast: lint setup images-test ## lint, then every tier but e2e: unit, proxy, store (real Mooncake), cluster (real control plane), images (three pytest runs side by side)
@@ -86,8 +87,11 @@ setup-e2e: ## .venv-e2e: the CPU build of vLLM (5.4 GB, pinned) and the tiny tes
 setup-vllm033: ## .venv-vllm033: the PyPI vLLM 0.33.0 wheel beside torch 2.14, only what its parser and config path import (5.5 GB, pinned)
 	@hack/setup-vllm033.sh $(VENV_VLLM033)
 
-test-vllm: setup-python setup-e2e setup-vllm033 ## rendered argv and configs through vLLM's own parser and create_engine_config, both pinned vLLMs (~1.5 min)
-	EPD_E2E_VENV=$(VENV_E2E) EPD_VLLM033_VENV=$(VENV_VLLM033) $(PYTEST) -m vllm
+setup-vllm034: setup-vllm033 ## .venv-vllm034: the PyPI vLLM 0.34.0 wheel over .venv-vllm033's packages (0.6 GB, pinned)
+	@hack/setup-vllm034.sh $(VENV_VLLM034) $(VENV_VLLM033)
+
+test-vllm: setup-python setup-e2e setup-vllm034 ## rendered argv and configs through vLLM's own parser and create_engine_config, all three pinned vLLMs (~2 min)
+	EPD_E2E_VENV=$(VENV_E2E) EPD_VLLM033_VENV=$(VENV_VLLM033) EPD_VLLM034_VENV=$(VENV_VLLM034) $(PYTEST) -m vllm
 
 test-e2e: setup-apt setup-python setup-e2e images-test images-test-vllm ## tests against real vLLM (CPU build) serving the tiny model
 	EPD_E2E_VENV=$(VENV_E2E) $(PYTEST) -m e2e

@@ -4,7 +4,7 @@
 # after 4 minutes, two old clones beside it holding 52 GB). Each part still missing counts with its measured size
 # (2 cores, 2026-12-06), rounded up; what exists already counts nothing.
 set -euo pipefail
-venv=${1:-.venv} venv_e2e=${2:-.venv-e2e} venv_vllm033=${3:-.venv-vllm033}
+venv=${1:-.venv} venv_e2e=${2:-.venv-e2e} venv_vllm033=${3:-.venv-vllm033} venv_vllm034=${4:-.venv-vllm034}
 slack_gb=3
 need_gb=$slack_gb
 missing=""
@@ -14,6 +14,7 @@ count() {  # count NAME GB PATH: NAME's GB when PATH does not exist yet
 count "$venv" 1 "$venv/.epd-setup-stamp"
 count "$venv_e2e (CPU vLLM)" 7 "$venv_e2e/.epd-setup-stamp"
 count "$venv_vllm033" 6 "$venv_vllm033/.epd-setup-stamp"
+count "$venv_vllm034" 1 "$venv_vllm034/.epd-setup-stamp"
 count "Go build cache and binaries" 6 .cache/bin/kube-apiserver
 count "the real node's containerd root" 7 .cache/containerd
 count "images (buildah's storage)" 7 /var/lib/containers/storage
@@ -21,7 +22,7 @@ avail_gb=$(df --output=avail -BG . | tail -n 1 | tr -dc 0-9)
 if (( avail_gb < need_gb )); then
   echo "make test: $avail_gb GB free on the disk of $PWD, and this run writes about $need_gb GB:" \
     "${missing:-nothing new} and $slack_gb GB to work in." >&2
-  echo "Fix: free $(( need_gb - avail_gb )) GB or more (other clones' .venv-e2e, .venv-vllm033 and .cache/," \
+  echo "Fix: free $(( need_gb - avail_gb )) GB or more (other clones' .venv-e2e, .venv-vllm033, .venv-vllm034 and .cache/," \
     "or old images: buildah rmi --prune), then run make test again." >&2
   exit 1
 fi

@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 venv=${VENV:-.venv}
 venv_e2e=${VENV_E2E:-.venv-e2e}
 venv_vllm033=${VENV_VLLM033:-.venv-vllm033}
+venv_vllm034=${VENV_VLLM034:-.venv-vllm034}
 bin_dir=${BIN_DIR:-.cache/bin}
 timeline=(python3 tools/testenv/src/epd_testenv/timeline.py)
 export EPD_TIMELINE=$PWD/.run/timeline/stages.jsonl
@@ -27,7 +28,7 @@ setup() { stage "$@" || { rc=$?; echo "make test: set-up stage '$1' failed (rc $
 # Lines of a stage that runs beside others, marked with its name.
 marked() { sed -u -e "s/^/[$1] /"; }
 
-setup "disk space" -- hack/check-disk.sh "$venv" "$venv_e2e" "$venv_vllm033"
+setup "disk space" -- hack/check-disk.sh "$venv" "$venv_e2e" "$venv_vllm033" "$venv_vllm034"
 stage "Go builds (control plane, kwok, helm, CoreDNS, Prometheus)" -- hack/build-k8s-tools.sh "$bin_dir" \
   > >(marked go) 2>&1 &
 go_builds=$!
@@ -41,6 +42,8 @@ resolve_gpu=$!
 stage "lint (ruff, mypy, import layers)" -- make --no-print-directory lint || rc=$?
 setup "virtualenv $venv_e2e (CPU vLLM) and the tiny model" -- hack/setup-e2e.sh "$venv_e2e"
 setup "virtualenv $venv_vllm033 (vLLM 0.33.0)" -- hack/setup-vllm033.sh "$venv_vllm033"
+setup "virtualenv $venv_vllm034 (vLLM 0.34.0 over $venv_vllm033)" -- \
+  hack/setup-vllm034.sh "$venv_vllm034" "$venv_vllm033"
 setup "images: operator, proxy, mooncake" -- env IMAGES="operator proxy mooncake" images/build.sh
 setup "images: CPU vLLM" -- env IMAGES=vllm FLAVORS=cpu images/build.sh
 wait "$resolve_gpu" || { rc=$?; echo "make test: the GPU image's requirements did not resolve (rc $rc)" >&2; exit "$rc"; }
@@ -48,15 +51,15 @@ wait "$go_builds" || { rc=$?; echo "make test: the Go builds failed (rc $rc)" >&
 
 pytest=("$venv/bin/pytest")
 junit() { echo "--junitxml=.run/timeline/junit-$1.xml"; }
-export EPD_E2E_VENV=$venv_e2e EPD_VLLM033_VENV=$venv_vllm033
+export EPD_E2E_VENV=$venv_e2e EPD_VLLM033_VENV=$venv_vllm033 EPD_VLLM034_VENV=$venv_vllm034
 # Beside the tiers, which mostly wait on their control planes and Mooncake processes: the copy of the images
-# into the node's containerd (the disk) and the vllm tier (vLLM's own parser in two subprocesses; its output is
+# into the node's containerd (the disk) and the vllm tier (vLLM's own parser in three subprocesses; its output is
 # printed once it is done).
 stage "images into the real node's containerd (beside the tiers)" -- "$venv/bin/python" -m epd_testenv.cli \
   preload-images > >(marked containerd) 2>&1 &
 preload=$!
 vllm_log=.run/timeline/vllm.log
-stage "pytest: vllm (rendered argv through both vLLMs, beside the tiers)" -- "${pytest[@]}" -p no:cacheprovider \
+stage "pytest: vllm (rendered argv through the three vLLMs, beside the tiers)" -- "${pytest[@]}" -p no:cacheprovider \
   --basetemp=.run/pytest-vllm -m vllm "$(junit vllm)" > "$vllm_log" 2>&1 &
 vllm_tier=$!
 stage "pytest: every tier but e2e (three runs side by side)" -- env PYTEST="${pytest[0]}" hack/tiers.sh || rc=$?

@@ -2,7 +2,8 @@
 # Build the images of images.txt, in its order, from the repository root (`make images`).
 #   REGISTRY=<host/path>  put in front of every tag (also the role images' BASE_IMAGE); default: none
 #   IMAGES="proxy mooncake"  only these folders (default: all of images.txt)
-#   FLAVORS="gpu cpu"     the flavours of the vLLM images (vllm and the role images) to build; the others have one
+#   FLAVORS="gpu cpu"     the flavours of the vLLM images (vllm and the role images) to build; the others have one.
+#                         gpu-0.34 (the GPU build with vLLM 0.34.0) is built only when named here
 #   BUILDER=docker|buildah  default: docker when its engine answers, else buildah (daemonless; installed from
 #                         Debian's packages by hack/setup-apt.sh, with podman to run them), which makes the
 #                         Python base here too
@@ -52,14 +53,15 @@ for path in /etc/pip.conf /etc/ssl/certs/ca-certificates.crt /etc/apt/sources.li
 done
 pip_cache=${PIP_CACHE_DIR:-$HOME/.cache/pip}
 
-# build FOLDER TAG FLAVOR BASE_IMAGE: a vLLM image's flavour and version (its tag's, less "-cpu") are build args.
+# build FOLDER TAG FLAVOR BASE_IMAGE: a vLLM image's flavour (gpu for gpu-0.34) and version (its tag's, less
+# "-cpu") are build args.
 build() {
   local folder=$1 tag=$2 flavor=$3 base=$4 file="images/$1/Dockerfile"
   local args=(--file "$file" --tag "$tag")
   [ -n "$python_base" ] && grep -q '^ARG PYTHON_IMAGE=' "$file" && args+=(--build-arg "PYTHON_IMAGE=$python_base")
   grep -q '^ARG BASE_IMAGE=' "$file" && args+=(--build-arg "BASE_IMAGE=$base")
   local flavored=""
-  grep -q '^ARG FLAVOR=' "$file" && flavored=1 && args+=(--build-arg "FLAVOR=$flavor")
+  grep -q '^ARG FLAVOR=' "$file" && flavored=1 && args+=(--build-arg "FLAVOR=${flavor%%-*}")
   local version=${tag##*:}
   grep -q '^ARG VLLM_VERSION=' "$file" && args+=(--build-arg "VLLM_VERSION=${version%-cpu}")
   local base_id=""
@@ -93,19 +95,20 @@ build() {
 }
 
 rows=$(grep -v -e '^#' -e '^[[:space:]]*$' images/images.txt)
-declare -A vllm_base=(
-  [gpu]=$prefix$(awk '$1 == "vllm" { print $2 }' <<<"$rows")
-  [cpu]=$prefix$(awk '$1 == "vllm" { print $3 }' <<<"$rows")
-)
-while read -r folder tag cpu_tag; do
+declare -A column=([gpu]=2 [cpu]=3 [gpu-0.34]=4)
+declare -A vllm_base=()
+for flavor in $flavors; do
+  [ -n "${column[$flavor]:-}" ] || { echo "images: FLAVORS names $flavor; known: ${!column[*]}" >&2; exit 1; }
+  vllm_base[$flavor]=$prefix$(awk -v c="${column[$flavor]}" '$1 == "vllm" { print $c }' <<<"$rows")
+done
+while read -r folder tag cpu_tag gpu034_tag; do
   [ -n "$only" ] && ! [[ " $only " == *" $folder "* ]] && continue
   if [ -z "${cpu_tag:-}" ]; then
     build "$folder" "$prefix$tag" gpu ""
     continue
   fi
   for flavor in $flavors; do
-    t=$prefix$tag
-    [ "$flavor" = cpu ] && t=$prefix$cpu_tag
+    case $flavor in gpu) t=$prefix$tag ;; cpu) t=$prefix$cpu_tag ;; gpu-0.34) t=$prefix$gpu034_tag ;; esac
     base=""
     [ "$folder" = vllm ] || base=${vllm_base[$flavor]}
     build "$folder" "$t" "$flavor" "$base"

@@ -1,8 +1,10 @@
 """vLLM's own code judges what the operator renders, for both pinned vLLM versions.
 
 Each test runs tests/vllm/vllm_check.py inside a vLLM virtualenv as a subprocess, so .venv needs no vLLM:
-.venv-e2e (vLLM 0.32, the CPU build; EPD_E2E_VENV) and .venv-vllm033 (the PyPI vLLM 0.33.0 wheel the GPU images
-run; EPD_VLLM033_VENV). With VLLM_TARGET_DEVICE=cpu their argument parser and create_engine_config work on a CPU.
+.venv-e2e (vLLM 0.32, the CPU build; EPD_E2E_VENV), .venv-vllm033 (the PyPI vLLM 0.33.0 wheel the GPU images
+run; EPD_VLLM033_VENV) and .venv-vllm034 (the PyPI 0.34.0 wheel over .venv-vllm033's packages; EPD_VLLM034_VENV).
+With VLLM_TARGET_DEVICE=cpu their argument parser and create_engine_config work on a CPU (0.34's with Triton
+stood in for: see vllm_check.py).
 
 The tier is opt-in like e2e: its tests are deselected unless the run selects `vllm` (`pytest -m vllm`,
 `make test-vllm`, `make test`) or names a path under tests/vllm.
@@ -76,6 +78,7 @@ class Vllm:
 VLLMS = (
     Vllm("0.32.0", _venv("EPD_E2E_VENV", ".venv-e2e"), "make setup-e2e"),
     Vllm("0.33.0", _venv("EPD_VLLM033_VENV", ".venv-vllm033"), "make setup-vllm033"),
+    Vllm("0.34.0", _venv("EPD_VLLM034_VENV", ".venv-vllm034"), "make setup-vllm034"),
 )
 
 

@@ -42,18 +42,25 @@ def examples() -> dict[str, dict[str, Any]]:
     return found
 
 
-CHECKED_VERSIONS = frozenset({"0.32", "0.33"})
-"""The vLLMs the checker runs (.venv-e2e, .venv-vllm033). A spec rendered for another (spec.images.vllmVersion
-0.34) is not judged here: no 0.34 checker is installed (docs/vllm-0.34.md)."""
+V2_ONLY = "0.34"
+"""The vLLM whose checker (.venv-vllm034) judges every example rendered for it; older checkers (.venv-e2e 0.32,
+.venv-vllm033 0.33) judge the examples as written, which render for 0.33 unless they name a version."""
 
 
-def judged_examples() -> dict[str, dict[str, Any]]:
-    """The examples rendered for a vLLM the checker runs (by default the operator's, 0.33)."""
-    return {
-        name: spec
-        for name, spec in examples().items()
-        if (spec.get("images") or {}).get("vllmVersion", DEFAULT_VLLM_VERSION) in CHECKED_VERSIONS
-    }
+def _version(spec: dict[str, Any]) -> str:
+    return str((spec.get("images") or {}).get("vllmVersion", DEFAULT_VLLM_VERSION))
+
+
+def judged_examples(checker: str) -> dict[str, dict[str, Any]]:
+    """The examples a checker of vLLM `checker` ("0.33.0") judges: for 0.34 every example, rendered for 0.34; for
+    an older one, the examples not written for 0.34."""
+    found = examples()
+    if checker.startswith(V2_ONLY):
+        return {
+            name: {**spec, "images": {**(spec.get("images") or {}), "vllmVersion": V2_ONLY}}
+            for name, spec in found.items()
+        }
+    return {name: spec for name, spec in found.items() if _version(spec) != V2_ONLY}
 
 
 # One change at a time to an example: the settings that reach vLLM's argv, its transfer configs or the Mooncake
@@ -104,10 +111,9 @@ COMBINATIONS = 24
 the same set and a failure reproduces)."""
 
 
-def combinations() -> Iterator[tuple[str, tuple[str, ...]]]:
+def combinations(names: list[str]) -> Iterator[tuple[str, tuple[str, ...]]]:
     """(example, variant labels) pairs drawn with a fixed seed; labels of one draw vary distinct settings."""
     draw = random.Random(14)
-    names = sorted(judged_examples())
     for _ in range(COMBINATIONS):
         labels = draw.sample(sorted(VARIANTS), draw.randint(2, 4))
         paths = [VARIANTS[label][0] for label in labels]
@@ -115,16 +121,17 @@ def combinations() -> Iterator[tuple[str, tuple[str, ...]]]:
         yield draw.choice(names), kept
 
 
-def specs() -> Iterator[tuple[str, dict[str, Any]]]:
-    """Every judged example, every variant of each that changes something, then the generated combinations."""
-    found = judged_examples()
+def specs(checker: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every example the checker of vLLM `checker` judges, every variant of each that changes something, then the
+    generated combinations."""
+    found = judged_examples(checker)
     for name, spec in found.items():
         yield name, spec
         for label, (path, value) in VARIANTS.items():
             changed = variant(spec, path, value)
             if changed is not None and changed != spec:
                 yield f"{name}+{label}", changed
-    for name, labels in combinations():
+    for name, labels in combinations(sorted(found)):
         combined: dict[str, Any] | None = found[name]
         for label in labels:
             path, value = VARIANTS[label]

@@ -8,7 +8,8 @@ Reads one JSON request on stdin and writes one JSON answer on stdout:
   EngineArgs.from_cli_args and create_engine_config (which builds the ECTransferConfig and KVTransferConfig), then
   MooncakeECConfig.from_vllm_config for an ECMooncakeConnector, and the Mooncake JSON file through
   MooncakeStoreConfig.from_file. ``triton``: stand in for the GPU's Triton (vLLM's HAS_TRITON, false on a CPU)
-  where a case needs Model Runner V2, which vLLM 0.32 refuses without Triton (the only stand-in here).
+  where a case needs Model Runner V2, which vLLM 0.32 refuses without Triton; on vLLM 0.34, whose CPU platform
+  refuses any x86 machine without triton-cpu, for every case (the only stand-in here).
   Answer: ``{"version", "results": [{"name", "ok", "stage", "error"}]}``.
 - ``{"op": "spellings", "flags": [...]}``: for each flag, the dest vLLM's parser gives it and every option string
   (and unambiguous abbreviation) that reaches the same dest. Answer: ``{"version", "dests": {flag: dest},
@@ -30,6 +31,7 @@ from typing import Any
 
 import vllm
 import vllm.config.vllm as vllm_config_module
+from vllm import triton_utils
 from vllm.distributed.ec_transfer.ec_connector.mooncake.config import MooncakeECConfig
 from vllm.distributed.mooncake_store import MooncakeStoreConfig
 from vllm.engine.arg_utils import EngineArgs
@@ -50,8 +52,11 @@ def _check(parser: Any, case: dict[str, Any]) -> dict[str, Any]:
     saved = dict(os.environ)
     os.environ.update(case.get("env", {}))
     stderr = io.StringIO()
-    has_triton = vllm_config_module.HAS_TRITON
-    vllm_config_module.HAS_TRITON = has_triton or bool(case.get("triton"))
+    # Up to 0.33 the config module decides the runner from HAS_TRITON; 0.34 has only Model Runner V2, and its CPU
+    # platform refuses an x86 machine without triton-cpu (not on PyPI), which a GPU never lacks.
+    stand_in = triton_utils if not hasattr(vllm_config_module, "HAS_TRITON") else vllm_config_module
+    has_triton = stand_in.HAS_TRITON
+    stand_in.HAS_TRITON = has_triton or bool(case.get("triton")) or stand_in is triton_utils
     try:
         with contextlib.redirect_stderr(stderr):
             args = parser.parse_args(case["argv"])
@@ -73,7 +78,7 @@ def _check(parser: Any, case: dict[str, Any]) -> dict[str, Any]:
         tail = traceback.format_exception_only(type(error), error)
         return {"name": case["name"], "ok": False, "stage": stage, "error": "".join(tail).strip()}
     finally:
-        vllm_config_module.HAS_TRITON = has_triton
+        stand_in.HAS_TRITON = has_triton
         os.environ.clear()
         os.environ.update(saved)
     return {"name": case["name"], "ok": True, "stage": "done", "error": ""}

@@ -14,7 +14,7 @@ CONSTRAINTS = REPO / "images" / "constraints.txt"
 
 
 def rows() -> list[list[str]]:
-    """[folder, tag] or [folder, tag, cpu tag], in build order."""
+    """[folder, tag] or [folder, tag, cpu tag, gpu-0.34 tag], in build order."""
     return layout.image_rows()
 
 
@@ -25,7 +25,12 @@ def tags() -> dict[str, str]:
 
 def cpu_tags() -> dict[str, str]:
     """folder -> the CPU flavour's tag, for the images that have one."""
-    return {row[0]: row[2] for row in rows() if len(row) == 3}
+    return {row[0]: row[2] for row in rows() if len(row) == 4}
+
+
+def gpu034_tags() -> dict[str, str]:
+    """folder -> the gpu-0.34 flavour's tag (vLLM 0.34.0), for the images that have one."""
+    return {row[0]: row[3] for row in rows() if len(row) == 4}
 
 
 def pins(path: pathlib.Path) -> dict[str, str]:

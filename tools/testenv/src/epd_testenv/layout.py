@@ -62,7 +62,8 @@ def bin_dir() -> pathlib.Path:
 
 
 def image_rows() -> list[list[str]]:
-    """images/images.txt: [folder, tag] or [folder, tag, CPU flavour's tag] per image, in build order."""
+    """images/images.txt: [folder, tag] or [folder, tag, CPU flavour's tag, gpu-0.34 flavour's tag] per image, in build
+    order."""
     lines = (repo_root() / "images" / "images.txt").read_text().splitlines()
     return [line.split() for line in lines if line.strip() and not line.startswith("#")]
 

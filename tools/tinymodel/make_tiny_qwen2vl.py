@@ -28,8 +28,10 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE_ROOT = REPO / ".cache" / "models" / "tiny-qwen2-vl"
@@ -90,21 +92,30 @@ CORPUS = [
 """What the BPE merges are learned from: fixed text, so the tokenizer is the same every run."""
 
 
-def cache_key() -> str:
-    """Hash of this script and of the libraries' versions that shape the files."""
+def cache_key(*scripts: Path) -> str:
+    """Hash of this script (and `scripts`, the models that build on it) and of the libraries' versions that shape
+    the files."""
     digest = hashlib.sha256(Path(__file__).read_bytes())
+    for script in scripts:
+        digest.update(script.read_bytes())
     for name in LIBRARIES:
         digest.update(f"{name}=={metadata.version(name)}".encode())
     return digest.hexdigest()[:16]
 
 
-def say(quiet: bool, line: str) -> None:
+def say(quiet: bool, line: str, name: str = "tiny-qwen2-vl") -> None:
     if not quiet:
-        print(f"tiny-qwen2-vl: {line}", file=sys.stderr, flush=True)
+        print(f"{name}: {line}", file=sys.stderr, flush=True)
 
 
-def build_tokenizer(out: Path) -> int:
-    """Train the byte-level BPE, wrap it as a fast tokenizer and save it; returns the vocabulary size."""
+def build_tokenizer(
+    out: Path,
+    special_tokens: list[str] = SPECIAL_TOKENS,
+    corpus: list[str] = CORPUS,
+    chat_template: str = CHAT_TEMPLATE,
+) -> dict[str, int]:
+    """Train the byte-level BPE, wrap it as a fast tokenizer and save it; returns the special tokens' ids (the
+    vocabulary's size under "")."""
     # Imported here, not at the top: a cache hit must not pay for importing torch and transformers.
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # type: ignore[import-not-found]  # noqa: PLC0415
     from transformers import PreTrainedTokenizerFast  # type: ignore[import-not-found]  # noqa: PLC0415
@@ -116,22 +127,40 @@ def build_tokenizer(out: Path) -> int:
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE,
         min_frequency=1,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=special_tokens,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(CORPUS, trainer=trainer)
+    tok.train_from_iterator(corpus, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        additional_special_tokens=SPECIAL_TOKENS[1:],
+        additional_special_tokens=special_tokens[1:],
         model_max_length=4096,
-        chat_template=CHAT_TEMPLATE,
+        chat_template=chat_template,
         clean_up_tokenization_spaces=False,
     )
     fast.save_pretrained(str(out))
-    return int(tok.get_vocab_size())
+    vocab = json.loads((out / "tokenizer.json").read_text())["model"]["vocab"]
+    return {"": int(tok.get_vocab_size())} | {token: int(vocab[token]) for token in special_tokens}
+
+
+def randomize(model: Any, seed: int) -> Any:
+    """The model's weights drawn N(0, INIT_STD) from `seed` (biases 0, norm scales 1), explicitly rather than by
+    transformers' defaults, which may change; returned in bf16."""
+    import torch  # noqa: PLC0415
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters()):
+            if param.ndim >= 2:
+                param.copy_(torch.randn(param.shape, generator=generator, dtype=torch.float32) * INIT_STD)
+            elif name.endswith("bias"):
+                param.zero_()
+            else:  # norm scales
+                param.fill_(1.0)
+    return model.to(torch.bfloat16)
 
 
 def build_model(out: Path, vocab_size: int, token_ids: dict[str, int], seed: int = SEED) -> None:
@@ -178,17 +207,7 @@ def build_model(out: Path, vocab_size: int, token_ids: dict[str, int], seed: int
         dtype="bfloat16",
     )
     torch.manual_seed(seed)
-    model = Qwen2VLForConditionalGeneration(config)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in sorted(model.named_parameters()):
-            if param.ndim >= 2:
-                param.copy_(torch.randn(param.shape, generator=generator, dtype=torch.float32) * INIT_STD)
-            elif name.endswith("bias"):
-                param.zero_()
-            else:  # norm scales
-                param.fill_(1.0)
-    model = model.to(torch.bfloat16)
+    model = randomize(Qwen2VLForConditionalGeneration(config), seed)
     model.generation_config.do_sample = False
     model.generation_config.eos_token_id = token_ids["<|im_end|>"]
     model.generation_config.pad_token_id = token_ids["<|endoftext|>"]
@@ -218,9 +237,8 @@ def build_processor(out: Path) -> None:
 
 def build(out: Path, quiet: bool, seed: int = SEED) -> None:
     started = time.monotonic()
-    vocab_size = build_tokenizer(out)
-    vocab = json.loads((out / "tokenizer.json").read_text())["model"]["vocab"]
-    token_ids = {token: int(vocab[token]) for token in SPECIAL_TOKENS}
+    token_ids = build_tokenizer(out)
+    vocab_size = token_ids[""]
     say(quiet, f"tokenizer: {vocab_size} tokens ({time.monotonic() - started:.1f}s)")
     build_model(out, vocab_size, token_ids, seed)
     say(quiet, f"model written ({time.monotonic() - started:.1f}s)")
@@ -241,8 +259,17 @@ def readable_by_all(folder: Path) -> None:
         path.chmod(0o755 if path.is_dir() else 0o644)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+def run(
+    argv: list[str] | None,
+    *,
+    name: str,
+    cache_root: Path,
+    key: str,
+    build: Callable[[Path, bool, int], None],
+    description: str,
+) -> int:
+    """The command line of a tiny model's script: build into the cache under `key` (or --out), print the folder."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--out", type=Path, help="build into this folder instead of the cache (always rebuilds)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     parser.add_argument("--hashes", action="store_true", help="also print the files' sha256 as one JSON line")
@@ -250,8 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
-    key = cache_key() if args.seed == SEED else f"{cache_key()}-seed{args.seed}"
-    target: Path = args.out if args.out is not None else CACHE_ROOT / key
+    folder = key if args.seed == SEED else f"{key}-seed{args.seed}"
+    target: Path = args.out if args.out is not None else cache_root / folder
     if args.out is not None or not (target / "config.json").exists():
         started = time.monotonic()
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -265,11 +292,16 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         size = sum(p.stat().st_size for p in target.iterdir())
-        say(args.quiet, f"built {target} in {time.monotonic() - started:.1f}s ({size / 1e6:.2f} MB)")
+        say(args.quiet, f"built {target} in {time.monotonic() - started:.1f}s ({size / 1e6:.2f} MB)", name)
     if args.hashes:
         print(json.dumps(file_hashes(target), sort_keys=True))
     print(target)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    description = __doc__.splitlines()[0] if __doc__ else ""
+    return run(argv, name="tiny-qwen2-vl", cache_root=CACHE_ROOT, key=cache_key(), build=build, description=description)
 
 
 if __name__ == "__main__":

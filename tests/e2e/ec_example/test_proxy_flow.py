@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 
@@ -115,7 +115,14 @@ def baseline(instance: VllmInstance, body: dict[str, Any], label: str, path: str
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
 
 
-def metric(proxy: LocalProxy, name: str, **labels: str) -> float:
+class Served(Protocol):
+    """What the metric readers need of a proxy: its base URL (a LocalProxy, or a proxy the local runner started)."""
+
+    @property
+    def url(self) -> str: ...
+
+
+def metric(proxy: Served, name: str, **labels: str) -> float:
     """The sum of the proxy's samples called `name` whose labels include `labels` (0 when there is none)."""
     total = 0.0
     for line in http(proxy.url + "/metrics").data.decode().splitlines():
@@ -138,7 +145,7 @@ class Counts:
     pd_requests: float
 
     @classmethod
-    def read(cls, proxy: LocalProxy) -> Counts:
+    def read(cls, proxy: Served) -> Counts:
         return cls(
             rewritten=metric(proxy, "epd_proxy_media_items_total", result="rewritten"),
             kept=metric(proxy, "epd_proxy_media_items_total", result="kept"),

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import base64
+import io
 import struct
+import wave
 import zlib
 
 from epd_connectors.config.roles import Role
 from epd_connectors.proxy.canary import (
+    AUDIO_RATE,
+    AUDIO_SAMPLES,
     IMAGE_SIDE,
     Pair,
     PairState,
@@ -17,6 +22,7 @@ from epd_connectors.proxy.canary import (
     pairs_of,
     png,
     record,
+    wav,
 )
 from epd_connectors.proxy.roster import InstanceSpec, Roster
 from epd_connectors.proxy.settings import Canary
@@ -83,3 +89,14 @@ def test_an_ec_canary_asks_about_an_image_and_a_kv_canary_sends_random_words_for
     assert ec["max_tokens"] == kv["max_tokens"] == 1 and "model" not in ec
     assert ec["messages"][0]["content"][0]["image_url"]["url"].startswith("data:image/png;base64,")
     assert len(kv["messages"][0]["content"].split()) == 48
+
+
+def test_an_audio_canary_sends_a_wav_that_the_standard_library_reads_as_16_khz_mono_noise() -> None:
+    noise = noise_bytes()
+    ec = canary_body(TransferPath.EC, noise, "audio")
+    part = ec["messages"][0]["content"][0]
+    assert part["type"] == "input_audio" and part["input_audio"]["format"] == "wav"
+    with wave.open(io.BytesIO(base64.b64decode(part["input_audio"]["data"]))) as clip:
+        assert (clip.getnchannels(), clip.getsampwidth(), clip.getframerate()) == (1, 2, AUDIO_RATE)
+        assert clip.getnframes() == AUDIO_SAMPLES and clip.readframes(4) == noise[:8]
+    assert wav(AUDIO_RATE, b"") != wav(AUDIO_RATE // 2, b""), "the header carries the rate"

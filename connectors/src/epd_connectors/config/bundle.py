@@ -139,6 +139,10 @@ class KVProtocol(StrEnum):
     MOONCAKE = "mooncake"
 
 
+CanaryMedia = Literal["image", "audio"]
+"""What an encoder-to-consumer canary carries: an image, or an audio clip for a model that takes no images."""
+
+
 class ProxySettings(ConfigModel):
     """The request proxy's own listener and routing switches."""
 
@@ -154,6 +158,8 @@ class ProxySettings(ConfigModel):
     """Seconds between canaries of each transfer path that works; 0: none (None: the proxy's default)."""
     canary_timeout_s: float | None = Field(default=None, gt=0)
     """Seconds one canary may take before its path counts as failing (None: the proxy's default)."""
+    canary_media: CanaryMedia | None = None
+    """What an EC canary sends (None: an image); an audio-only model (Qwen2-Audio) refuses an image."""
     media: MediaAccess = MediaAccess()
     """The media URLs the deployment's instances fetch: the proxy refuses any other before a backend sees it."""
     encoder_wake_s: float = Field(default=0.0, ge=0)

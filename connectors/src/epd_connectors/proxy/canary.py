@@ -5,9 +5,10 @@ A pod is Ready when its process answers. That does not say an encoder's push rea
 NetworkPolicy, a firewall, a wrong ec_ip) or that a prefill's KV reaches its decode, and such a request fails
 only after the consumer's push_wait_timeout_s, with nothing in any log. So every pair the proxy may route
 through (encoder -> EC consumer; prefill -> decode) gets a canary through the real request path (`Flow.through`)
-with both of its instances fixed: a fresh random image, so no cache can answer in place of the transfer, and
-one token. A pair that fails `Canary.failures` canaries in a row leaves routing (`Roster.failing`) until one
-passes again, as long as another pair can take its requests (a request with no other way is still sent).
+with both of its instances fixed: a fresh random image (an audio clip for an audio-only model), so no cache can
+answer in place of the transfer, and one token. A pair that fails `Canary.failures` canaries in a row leaves
+routing (`Roster.failing`) until one passes again, as long as another pair can take its requests (a request
+with no other way is still sent).
 New pairs are checked at once, working ones every `interval_s`, failing ones from `retry_s` on.
 `report` is what /health shows of each pair.
 """
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, NamedTuple
 
+from epd_connectors.config.bundle import CanaryMedia
 from epd_connectors.config.roles import Role
 from epd_connectors.proxy.errors import ProxyError, StageTimeoutError
 from epd_connectors.proxy.flow import ClientRequest, Flow, Route
@@ -38,6 +40,11 @@ log = logging.getLogger(__name__)
 
 IMAGE_SIDE = 56
 """Pixels per side of a canary's image: Qwen-VL's smallest input (min_pixels 56*56), a handful of tokens."""
+AUDIO_RATE = 16000
+"""Samples per second of a canary's clip: Whisper-style audio encoders' rate, so vLLM resamples nothing (its
+resampler needs torchaudio, which a CPU image may lack)."""
+AUDIO_SAMPLES = AUDIO_RATE // 2
+"""Half a second of mono 16-bit noise: a dozen audio tokens."""
 PROMPT_WORDS = 48
 """Random words in a KV canary's prompt: more than one KV block (32 tokens on the CPU), so a block transfers."""
 REQUEST_ID_PREFIX = "epd-canary-"
@@ -142,22 +149,34 @@ def png(side: int, pixels: bytes) -> bytes:
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
 
 
-def canary_body(path: TransferPath, noise: bytes) -> dict[str, Any]:
-    """A canary's chat request: for EC, an image of random pixels (nothing has its embedding yet); for KV, a
-    prompt of random words (no prefix cache holds its blocks). One token, greedy; `noise` is the randomness."""
+def wav(rate: int, samples: bytes) -> bytes:
+    """A mono 16-bit PCM WAV of `samples` (2 bytes each, little-endian) at `rate` per second (pure)."""
+    fmt = struct.pack("<HHIIHH", 1, 1, rate, rate * 2, 2, 16)
+    chunks = b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(samples)) + samples
+    return b"RIFF" + struct.pack("<I", 4 + len(chunks)) + b"WAVE" + chunks
+
+
+def media_part(media: CanaryMedia, noise: bytes) -> dict[str, Any]:
+    """One chat content part of random media built from `noise`."""
+    if media == "audio":
+        clip = b64encode(wav(AUDIO_RATE, noise[: AUDIO_SAMPLES * 2])).decode()
+        return {"type": "input_audio", "input_audio": {"data": clip, "format": "wav"}}
+    image = b64encode(png(IMAGE_SIDE, noise[: IMAGE_SIDE * IMAGE_SIDE * 3])).decode()
+    return {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{image}"}}
+
+
+def canary_body(path: TransferPath, noise: bytes, media: CanaryMedia = "image") -> dict[str, Any]:
+    """A canary's chat request: for EC, random media (nothing has its embedding yet); for KV, a prompt of random
+    words (no prefix cache holds its blocks). One token, greedy; `noise` is the randomness."""
     if path is TransferPath.EC:
-        image = b64encode(png(IMAGE_SIDE, noise[: IMAGE_SIDE * IMAGE_SIDE * 3])).decode()
-        content: Any = [
-            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{image}"}},
-            {"type": "text", "text": "canary"},
-        ]
+        content: Any = [media_part(media, noise), {"type": "text", "text": "canary"}]
     else:
         content = " ".join(noise[i : i + 3].hex() for i in range(0, PROMPT_WORDS * 3, 3))
     return {"messages": [{"role": "user", "content": content}], "max_tokens": 1, "temperature": 0}
 
 
 def noise_bytes() -> bytes:
-    return os.urandom(IMAGE_SIDE * IMAGE_SIDE * 3)
+    return os.urandom(max(IMAGE_SIDE * IMAGE_SIDE * 3, AUDIO_SAMPLES * 2))
 
 
 class Canaries:
@@ -223,7 +242,7 @@ class Canaries:
         self._counter += 1
         request = ClientRequest(
             "/v1/chat/completions",
-            canary_body(pair.path, noise_bytes()),
+            canary_body(pair.path, noise_bytes(), self._canary.media),
             f"{REQUEST_ID_PREFIX}{os.getpid():x}-{self._counter}",
         )
         answer = None

@@ -152,6 +152,7 @@ def options_from(given: Layered, bundle: ProxySettings) -> s.ProxyOptions:
                 MIN_CANARY_TIMEOUT_S,
                 given.value("canary_timeout", _or(bundle.canary_timeout_s, s.DEFAULT_CANARY_TIMEOUT_S), float),
             ),
+            media=bundle.canary_media or "image",
         ),
     )
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from epd_connectors.config.bundle import KVProtocol
+from epd_connectors.config.bundle import CanaryMedia, KVProtocol
 from epd_connectors.config.media import MediaAccess
 
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
@@ -116,6 +116,8 @@ class Canary:
     retry_s: float = DEFAULT_CANARY_RETRY_S
     timeout_s: float = DEFAULT_CANARY_TIMEOUT_S
     failures: int = DEFAULT_CANARY_FAILURES
+    media: CanaryMedia = "image"
+    """What an encoder-to-consumer canary carries (canary.canary_body)."""
 
     @property
     def on(self) -> bool:

@@ -64,8 +64,23 @@ class ModelSource(RuledModel):
         return [n for n, v in (("pvc", self.pvc), ("hostPath", self.host_path), ("image", self.image)) if v]
 
 
-class ModelSpec(ApiModel):
+Modality = Literal["image", "audio", "video"]
+
+
+class ModelSpec(RuledModel):
     """The model every role serves; its identity decides the cache prefixes."""
+
+    RULES: ClassVar[tuple[Rule[ModelSpec], ...]] = (
+        Rule(
+            "spec.model.modalities",
+            lambda m: bool({"image", "audio"} & set(m.modalities)),
+            lambda m: list(m.modalities),
+            "names no image or audio input, and the proxy proves each encoder's transfer path with one of them",
+            "list every input the model takes: add 'image' for a vision model (video models take images too), "
+            "'audio' for an audio model",
+            cel="self.modalities.exists(m, m == 'image' || m == 'audio')",
+        ),
+    )
 
     name: str = Field(min_length=1, max_length=k.STRING_MAX)
     """Model identity, e.g. Qwen/Qwen2-VL-7B-Instruct. Part of every derived cache prefix."""
@@ -87,6 +102,9 @@ class ModelSpec(ApiModel):
     )
     """vLLM --mm-processor-kwargs (e.g. max_pixels). They change encoder output, so they are part of the
     embedding cache identity."""
+    modalities: list[Modality] = Field(default=["image"], min_length=1, max_length=3)
+    """The media the model takes, which its encoders encode. The proxy's transfer canaries send an image, or an
+    audio clip when the model takes audio and no images (Qwen2-Audio refuses an image)."""
     block_size: int | None = Field(default=None, ge=1, le=k.INT32_MAX)
     """KV cache block size in tokens (vLLM --block-size) of every prefill, decode and PD instance; one value for
     all, since KV moves between them in blocks. vLLM's default when unset (the CPU build needs 32)."""

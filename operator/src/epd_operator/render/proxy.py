@@ -14,6 +14,7 @@ from typing import Any, Final
 from epd_connectors.config.bundle import (
     PROXY_LIVENESS_PATH,
     PROXY_READINESS_PATH,
+    CanaryMedia,
     ConsumerEndpoint,
     ECControl,
     Endpoint,
@@ -24,6 +25,7 @@ from epd_connectors.config.bundle import (
     RoleBundle,
 )
 from epd_connectors.config.roles import Role
+from epd_operator.api.model import Modality
 from epd_operator.derive import ports, quantity
 from epd_operator.render import meta, objects
 from epd_operator.render.context import Context, Unit
@@ -71,6 +73,7 @@ def proxy_bundle(ctx: Context, units: list[Unit]) -> RoleBundle:
         discover=not ctx.site.network.static_roster,
         canary_interval_s=float(check.interval_seconds) if check.enabled else 0.0,
         canary_timeout_s=float(check.timeout_seconds),
+        canary_media=_canary_media(ctx.spec.model.modalities),
         media=ctx.spec.media.access,
         encoder_wake_s=_encoder_wake_s(ctx),
         **ctx.bind_host,
@@ -87,6 +90,11 @@ def proxy_bundle(ctx: Context, units: list[Unit]) -> RoleBundle:
             pd=[ConsumerEndpoint(host=host(u), port=http_port(u), ec=ec(u)) for u in of(Role.PD)],
         ),
     )
+
+
+def _canary_media(modalities: list[Modality]) -> CanaryMedia | None:
+    """An audio clip for a model that takes audio and no images; else the proxy's default, an image."""
+    return "audio" if "image" not in modalities and "audio" in modalities else None
 
 
 DISCOVERY_RULES: Final = [

@@ -38,8 +38,9 @@ def dead_url() -> str:
         return f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
-def test_only_items_the_encoder_reported_metadata_for_are_rewritten() -> None:
-    """Stand-in encoder: it can be told to report nothing for one image, which a real one does only on faults."""
+def test_an_image_the_encoder_reported_no_metadata_for_keeps_every_image_as_media() -> None:
+    """Stand-in encoder: it can be told to report nothing for one image, which a real one does only on faults.
+    vLLM refuses raw images and image references in one request, so neither image becomes a reference."""
 
     async def main() -> None:
         body = chat(data_url("one"), data_url("two"))
@@ -51,10 +52,10 @@ def test_only_items_the_encoder_reported_metadata_for_are_rewritten() -> None:
                 status, text = await post(session, url, body)
                 metrics = await (await session.get(url + "/metrics")).text()
         assert status == 200 and "from pd0" in text
-        assert 'epd_proxy_media_items_total{result="rewritten"} 1.0' in metrics
-        assert 'epd_proxy_media_items_total{result="kept"} 1.0' in metrics
+        assert 'epd_proxy_media_items_total{result="rewritten"} 0.0' in metrics
+        assert 'epd_proxy_media_items_total{result="kept"} 2.0' in metrics
         sent = pd.requests[0]["messages"][0]["content"]
-        assert sent[1]["type"] == "image_embeds" and sent[1]["image_embeds"] == {"image_grid_thw": [1, 4, 4]}
+        assert [part["type"] for part in sent[1:]] == ["image_url", "image_url"]
         assert sent[2] == {"type": "image_url", "image_url": {"url": data_url("two")}, "uuid": skipped}
         assert len(enc.requests) == 1 and len(enc.requests[0]["messages"][0]["content"]) == 2
 

@@ -103,25 +103,34 @@ def test_an_index_outside_the_batch_is_the_encoders_fault() -> None:
         parse_encoder_answer({"ec_transfer_params": {"k": {"item_indices": [3], "metadata": {}}}}, batch, "e1")
 
 
-def test_only_items_with_returned_metadata_are_rewritten() -> None:
-    """An embeds reference the encoder never produced would crash vLLM's engine."""
+def test_an_item_without_returned_metadata_keeps_its_kind_as_media() -> None:
+    """An embeds reference the encoder never produced would crash vLLM's engine, and vLLM refuses raw media and
+    references of one kind in one request: both images stay media (with the proxy's uuids), while a clip of the
+    same request, whose metadata came back, is still a reference."""
     req = request("a", "b")
+    req["messages"][0]["content"].append({"type": "input_audio", "input_audio": {"data": "UklG", "format": "wav"}})
     items = find_media(req)
     batch = batches([(i, "e1") for i in items], 8)[0]
-    encoded = parse_encoder_answer(answer_for(batch, skip=frozenset({items[1].uuid})), batch, "e1")
+    answer = answer_for(batch, skip=frozenset({items[1].uuid}))
+    answer["ec_transfer_params"][items[2].uuid]["metadata"] = {"audio_num_tokens": [25]}
+    encoded = parse_encoder_answer(answer, batch, "e1")
     transfer = {i.uuid: t for i, t in zip(batch.items, batch.transfer_ids, strict=True)}
     body = consumer_body(req, items, encoded, transfer)
     parts = body["messages"][0]["content"]
     assert parts[0] == {"type": "text", "text": "what is this"}
-    assert parts[1] == {"type": "image_embeds", "image_embeds": {"image_grid_thw": [1, 4, 4]}, "uuid": items[0].uuid}
+    assert parts[1] == {**image("a"), "uuid": items[0].uuid}
     assert parts[2] == {**image("b"), "uuid": items[1].uuid}
+    assert parts[3] == {"type": "audio_embeds", "audio_embeds": {"audio_num_tokens": [25]}, "uuid": items[2].uuid}
     ec = body["ec_transfer_params"]
     assert ec["ec_items"] == [
         {"mm_hash": items[0].uuid, "transfer_id": batch.transfer_ids[0]},
         {"transfer_id": batch.transfer_ids[1]},
+        {"mm_hash": items[2].uuid, "transfer_id": batch.transfer_ids[2]},
     ]
     assert ec[items[0].uuid]["metadata"] == {"image_grid_thw": [[1, 4, 4]]}
     assert req["messages"][0]["content"][1] == image("a"), "the client's request is not modified"
+    every = parse_encoder_answer(answer_for(batch), batch, "e1")
+    assert consumer_body(req, items, every, transfer)["messages"][0]["content"][2]["type"] == "image_embeds"
 
 
 def test_without_a_push_connector_there_are_no_ec_items() -> None:

@@ -34,7 +34,7 @@ from epd_connectors.proxy.errors import (
 )
 from epd_connectors.proxy.media import MediaItem, find_media
 from epd_connectors.proxy.metrics import ProxyMetrics
-from epd_connectors.proxy.rewrite import consumer_body, new_transfer_id, with_uuids
+from epd_connectors.proxy.rewrite import consumer_body, new_transfer_id, references, with_uuids
 from epd_connectors.proxy.roster import Instance, Outstanding, Roster
 from epd_connectors.proxy.settings import ProxyOptions
 
@@ -310,7 +310,8 @@ class Flow:
                     Role.ENCODER, self.encode.run(body, items, zmq, request.request_id, encoders)
                 )
             body = consumer_body(body, items, encoded, transfer_ids)
-            rewritten = sum(1 for item in items if item.uuid in encoded and encoded[item.uuid].metadata)
+            referenced = references(items, encoded)
+            rewritten = sum(1 for item in items if item.uuid in referenced)
             self.metrics.media_items.labels("rewritten").inc(rewritten)
             self.metrics.media_items.labels("kept").inc(len(items) - rewritten)
         if not self.roster.split:

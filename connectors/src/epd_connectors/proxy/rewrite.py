@@ -4,7 +4,9 @@ After an encoder has produced an item's embedding, the consumer needs only a ref
 `{"type": "<kind>_embeds", "<kind>_embeds": <metadata>, "uuid": <uuid>}`, where the metadata (such as
 `image_grid_thw`) is what the encoder reported for that item. An item is rewritten only when its encoder
 reported metadata for it: a reference whose uuid the encoder never produced crashes vLLM's engine, so an item
-without metadata stays the original media (with its uuid, so both sides key it alike). Pure functions only.
+without metadata stays the original media (with its uuid, so both sides key it alike). vLLM refuses a request
+that mixes raw media and references of one kind ("Mixing raw audio and embedding inputs is not allowed"), so
+then every item of that kind stays media. Pure functions only.
 """
 
 from __future__ import annotations
@@ -149,12 +151,13 @@ def consumer_body(
         return dict(request)
     messages = [dict(m) if isinstance(m, Mapping) else m for m in request["messages"]]
     touched: set[int] = set()
+    referenced = references(items, encoded)
     for item in items:
         done = encoded.get(item.uuid)
         if item.message not in touched:
             messages[item.message]["content"] = list(messages[item.message]["content"])
             touched.add(item.message)
-        if done is not None and done.metadata:
+        if done is not None and item.uuid in referenced:
             kind = MEDIA_TYPES[item.type]
             new_part: dict[str, Any] = {"type": kind, kind: done.metadata, "uuid": item.uuid}
         else:
@@ -169,6 +172,14 @@ def consumer_body(
     if ec_params:
         body["ec_transfer_params"] = ec_params
     return body
+
+
+def references(items: Sequence[MediaItem], encoded: Mapping[str, Encoded]) -> frozenset[str]:
+    """The uuids of the items the consumer gets as references: those the encoder reported metadata for, unless an
+    item of the same kind got none (vLLM refuses raw media and references of one kind together)."""
+    reported = {i.uuid for i in items if i.uuid in encoded and encoded[i.uuid].metadata}
+    raw_kinds = {MEDIA_TYPES[i.type] for i in items if i.uuid not in reported}
+    return frozenset(i.uuid for i in items if i.uuid in reported and MEDIA_TYPES[i.type] not in raw_kinds)
 
 
 def _ec_item(done: Encoded | None, transfer_id: str) -> dict[str, str]:

@@ -30,6 +30,7 @@ from epd_connectors.config.ec_transfer import ECExampleConnectorConfig
 from epd_connectors.proxy.local import LocalProxy, local_proxy
 from epd_connectors.proxy.media import content_uuid
 from epd_connectors.proxy.routing import preference
+from epd_connectors.proxy.settings import DEFAULT_SLOW_PROBE_GRACE_S
 from tests.e2e.conftest import (
     TIMINGS,
     Launcher,
@@ -246,14 +247,16 @@ def test_pd_frozen_then_killed_gives_a_clear_5xx_not_a_hang(spares: Spares, tmp_
     with local_proxy(encoders=[fleet.encoder.url], pd=[pd.url], extra_args=extra, log_dir=tmp_path) as proxy:
         assert generate(proxy.url, body, False, "proxy via doomed PD") == expected
 
-        # Frozen (alive but silent): the first-token timeout answers 504, then the prober evicts it: 503.
+        # Frozen (alive but silent): the first-token timeout answers 504, then the prober evicts it once its probes
+        # went unanswered for the grace a busy engine gets: 503.
         os.killpg(pd.popen.pid, signal.SIGSTOP)
         try:
             hung = http(proxy.url + "/v1/chat/completions", body, timeout_s=60)
             assert hung.status == 504, hung.data[:500]
             assert FIRST_TOKEN_TIMEOUT_S - 0.5 <= hung.seconds < FIRST_TOKEN_TIMEOUT_S + 10
             assert "error" in hung.json() and hung.json()["error"]["message"]
-            wait_for(lambda: http(proxy.url + "/health").status == 503, 15, "eviction of the frozen PD")
+            grace = DEFAULT_SLOW_PROBE_GRACE_S + 15
+            wait_for(lambda: http(proxy.url + "/health").status == 503, grace, "eviction of the frozen PD")
             evicted = http(proxy.url + "/v1/chat/completions", body, timeout_s=60)
             assert evicted.status == 503 and evicted.seconds < 5, evicted
             assert "pd" in evicted.json()["error"]["message"]

@@ -1,4 +1,4 @@
-"""vLLM's own code judges what the operator renders, for both pinned vLLM versions.
+"""vLLM's own code judges what the operator renders, for each pinned vLLM version (0.32, 0.33, 0.34).
 
 Each test runs tests/vllm/vllm_check.py inside a vLLM virtualenv as a subprocess, so .venv needs no vLLM:
 .venv-e2e (vLLM 0.32, the CPU build; EPD_E2E_VENV), .venv-vllm033 (the PyPI vLLM 0.33.0 wheel the GPU images

@@ -7,7 +7,6 @@ the bundle runs `check_transfers` when it is validated, and `VllmServerConfig.ar
 from __future__ import annotations
 
 from epd_connectors.config.base import MAX_PORT, problem
-from epd_connectors.config.ec_ports import ec_consumer_ports
 from epd_connectors.config.ec_transfer import ECConfig, ECMooncakeConsumer, ECMooncakeProducer
 from epd_connectors.config.kv_transfer import (
     DEFAULT_BOOTSTRAP_PORT,
@@ -156,15 +155,18 @@ def check_consumer(ec: ECConfig, server: VllmServerConfig) -> list[str]:
                     "ec_transfer_config.ec_port",
                     ec.ec_port,
                     f"the control ports reach {highest} (ec_port + dp*tp - 1 with tp {tp}, dp {dp})",
-                    f"use an ec_port of at most {MAX_PORT - dp * tp + 1}",
+                    f"use an ec_port of at most {MAX_PORT - dp * tp + 1}"
+                    if dp * tp <= MAX_PORT
+                    else "lower tensor_parallel_size or data_parallel_size: no port range holds that many",
                 )
             )
-        ports = set(ec_consumer_ports(ec.ec_port, tp, dp))
+        # The control ports are ec_port .. highest, one per rank (ec_ports.ec_consumer_ports), compared as a
+        # range: a list of dp*tp ports for arbitrary sizes once took a test process to 23 GB.
         for field, port in (
             ("vllm.port", server.port),
             ("vllm.mooncake_bootstrap_port", server.mooncake_bootstrap_port),
         ):
-            if port is not None and port in ports:
+            if port is not None and ec.ec_port <= port <= highest:
                 found.append(
                     problem(
                         field,

@@ -264,12 +264,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-START_S = 90.0
-"""Seconds for a started operator (a process, or the operator image as a container) to answer its liveness
-endpoint: seconds when the machine is idle, but a restart once took over 30 s beside the vllm tier's three vLLM
-imports and a 6 GB copy into containerd (a fresh-clone `make test`, 2026-12-07)."""
-
-
 class Operator:
     """`epd-operator` as a subprocess on loopback; its log in a file."""
 
@@ -304,7 +298,7 @@ class Operator:
             *self.extra,
         ]
 
-    def start(self, timeout: float = START_S) -> None:
+    def start(self, timeout: float = 30.0) -> None:
         with self.log.open("ab") as sink:
             sink.write(f"\n===== start {datetime.now(UTC).isoformat()} =====\n".encode())
             env = {**os.environ, "PYTHONUNBUFFERED": "1"}

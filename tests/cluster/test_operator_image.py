@@ -58,7 +58,7 @@ def operator(
     readable.write_bytes(kubeconfig.read_bytes())
     readable.chmod(0o644)  # the container's user reads it, not its owner
     running = ContainerOperator(readable, readable.with_name("operator.log"), image, "epd-test-operator")
-    running.start()
+    running.start(timeout=90)
     try:
         yield running
     finally:

@@ -101,14 +101,15 @@ for flavor in $flavors; do
   [ -n "${column[$flavor]:-}" ] || { echo "images: FLAVORS names $flavor; known: ${!column[*]}" >&2; exit 1; }
   vllm_base[$flavor]=$prefix$(awk -v c="${column[$flavor]}" '$1 == "vllm" { print $c }' <<<"$rows")
 done
-while read -r folder tag cpu_tag gpu034_tag; do
+while read -r -a row; do
+  folder=${row[0]}
   [ -n "$only" ] && ! [[ " $only " == *" $folder "* ]] && continue
-  if [ -z "${cpu_tag:-}" ]; then
-    build "$folder" "$prefix$tag" gpu ""
+  if (( ${#row[@]} < 3 )); then
+    build "$folder" "$prefix${row[1]}" gpu ""
     continue
   fi
   for flavor in $flavors; do
-    case $flavor in gpu) t=$prefix$tag ;; cpu) t=$prefix$cpu_tag ;; gpu-0.34) t=$prefix$gpu034_tag ;; esac
+    t=$prefix${row[column[$flavor] - 1]}
     base=""
     [ "$folder" = vllm ] || base=${vllm_base[$flavor]}
     build "$folder" "$t" "$flavor" "$base"

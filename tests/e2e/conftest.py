@@ -35,9 +35,10 @@ from epd_connectors.config.bundle import RoleBundle
 from epd_connectors.config.ec_transfer import ECExampleConnectorConfig
 from epd_connectors.config.roles import Role
 from epd_connectors.config.vllm import VllmServerConfig
-from epd_local import failures, profile
+from epd_local import failures, processes, profile
 from epd_local.failures import LogWatch
-from epd_local.processes import attention_note
+from epd_local.plan import LocalPlan
+from epd_local.processes import LocalDeployment, attention_note
 from epd_local.sample import png_bytes
 from tests.e2e.cpu import cpu_summary
 from tests.e2e.memory import MemorySampler
@@ -405,6 +406,22 @@ def baseline(launcher: Launcher, baseline_started: VllmInstance) -> VllmInstance
     """The baseline, healthy."""
     launcher.wait_healthy([baseline_started])
     return baseline_started
+
+
+@contextlib.contextmanager
+def local_example(
+    request: pytest.FixtureRequest, plan: LocalPlan, workdir: Path, python: Path, label: str
+) -> Iterator[LocalDeployment]:
+    """`plan` (an example the local runner planned) started and ready, stopped on the way out; the tail of every
+    role's log is printed when a test of the session failed."""
+    say = progress(request.config)
+    with processes.deployment(plan, workdir, python, say=lambda line: say(f"{label}: {line}")) as local:
+        try:
+            yield local
+        finally:
+            if request.session.testsfailed:
+                for run in local.running:
+                    say(f"--- {run.name} log tail ({run.log}) ---\n{run.tail(30)}")
 
 
 def greedy_chat(content: str | list[dict[str, Any]], max_tokens: int, *, stream: bool | None = None) -> dict[str, Any]:

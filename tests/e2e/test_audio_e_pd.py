@@ -32,7 +32,7 @@ from tests.e2e.conftest import (
     VllmInstance,
     greedy_chat,
     image_data_url,
-    progress,
+    local_example,
     tiny_server,
     vllm_bundle,
 )
@@ -69,7 +69,6 @@ def audio_model(e2e_python: Path) -> Path:
 @pytest.fixture(scope="module")
 def stack(request: pytest.FixtureRequest, launcher: Launcher, audio_model: Path) -> Iterator[AudioStack]:
     """The example's encoder, PD and proxy (the local runner) and the baseline, started together."""
-    say = progress(request.config)
     workdir = launcher.workdir / "local-e-pd-audio"
     workdir.mkdir(parents=True, exist_ok=True)
     baseline = launcher.start(
@@ -79,18 +78,13 @@ def stack(request: pytest.FixtureRequest, launcher: Launcher, audio_model: Path)
     assert [i.role.value for i in plan.instances] == ["encoder", "pd", "proxy"]
     started = time.monotonic()
     try:
-        with processes.deployment(plan, workdir, launcher.python, say=lambda line: say(f"audio: {line}")) as local:
+        with local_example(request, plan, workdir, launcher.python, "audio") as local:
             launcher.wait_healthy([baseline])
             TIMINGS.add(
                 "audio: the local runner's E+PD, its proxy and a baseline ready (wall)", time.monotonic() - started
             )
-            try:
-                yield AudioStack(baseline, plan.endpoint, workdir / "shared" / "ec")
-                assert not local.failed(), f"a role of the example died: {local.failed()}"
-            finally:
-                if request.session.testsfailed:
-                    for run in local.running:
-                        say(f"--- {run.name} log tail ({run.log}) ---\n{run.tail(30)}")
+            yield AudioStack(baseline, plan.endpoint, workdir / "shared" / "ec")
+            assert not local.failed(), f"a role of the example died: {local.failed()}"
     finally:
         launcher.stop_each([baseline])
 

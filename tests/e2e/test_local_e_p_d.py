@@ -57,7 +57,7 @@ from epd_local import processes, profile
 from epd_local.plan import Instance, LocalPlan
 from epd_local.processes import LocalDeployment
 from epd_operator.derive.site import LOOPBACK
-from tests.e2e.conftest import REPO, TIMINGS, VllmInstance, greedy_chat, image_data_url, progress
+from tests.e2e.conftest import REPO, TIMINGS, VllmInstance, greedy_chat, image_data_url, local_example
 from tests.e2e.cpu import has_amx_tiles
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
@@ -282,20 +282,14 @@ def running_example(
 ) -> Iterator[LocalEPD]:
     """The example (or a variant) started by the local runner (CPU profile, free loopback ports), stopped after;
     the tail of every log is printed when a test failed."""
-    say = progress(request.config)
     plan = processes.plan_on_free_ports(manifest, workdir, model, profile.CPU)
     roles = [i.role.value for i in plan.instances]
     assert roles == ["master", "store-client", "encoder", "prefill", "decode", "proxy"], roles
     started = time.monotonic()
-    with processes.deployment(plan, workdir, python, say=lambda line: say(f"{label}: {line}")) as local:
+    with local_example(request, plan, workdir, python, label) as local:
         TIMINGS.add(f"{label}: start E+P+D, store, proxy", time.monotonic() - started)
-        try:
-            warm_up(plan.endpoint, label)
-            yield LocalEPD(plan, local)
-        finally:
-            if request.session.testsfailed:
-                for run in local.running:
-                    say(f"--- {run.name} log tail ({run.log}) ---\n{run.tail(30)}")
+        warm_up(plan.endpoint, label)
+        yield LocalEPD(plan, local)
     assert not local.running
 
 

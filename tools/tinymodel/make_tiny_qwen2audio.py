@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from make_tiny_qwen2vl import INIT_STD, REPO, build_tokenizer, cache_key, randomize, run, say
+from make_tiny_qwen2vl import INIT_STD, REPO, build_tokenizer, cache_key, greedy, randomize, run, say, text_config
 
 NAME = "tiny-qwen2-audio"
 CACHE_ROOT = REPO / ".cache" / "models" / NAME
@@ -82,23 +82,7 @@ def build_model(out: Path, token_ids: dict[str, int], seed: int) -> None:
             "max_source_positions": 1500,
             "initializer_range": INIT_STD,
         },
-        text_config={
-            "model_type": "qwen2",
-            "vocab_size": token_ids[""],
-            "hidden_size": 128,
-            "intermediate_size": 256,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "num_key_value_heads": 1,
-            "max_position_embeddings": 4096,
-            "rms_norm_eps": 1e-6,
-            "tie_word_embeddings": True,
-            "bos_token_id": token_ids["<|endoftext|>"],
-            "eos_token_id": token_ids["<|im_end|>"],
-            "pad_token_id": token_ids["<|endoftext|>"],
-            "dtype": "bfloat16",
-            "initializer_range": INIT_STD,
-        },
+        text_config=text_config(token_ids, model_type="qwen2"),
         audio_token_index=token_ids["<|AUDIO|>"],
         tie_word_embeddings=True,
         dtype="bfloat16",
@@ -115,9 +99,7 @@ def build_model(out: Path, token_ids: dict[str, int], seed: int) -> None:
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     config.architectures = ["Qwen2AudioForConditionalGeneration"]
     config.save_pretrained(str(out))
-    model.generation_config.do_sample = False
-    model.generation_config.eos_token_id = token_ids["<|im_end|>"]
-    model.generation_config.pad_token_id = token_ids["<|endoftext|>"]
+    greedy(model, token_ids)
     model.generation_config.save_pretrained(str(out))
 
 

@@ -163,29 +163,45 @@ def randomize(model: Any, seed: int) -> Any:
     return model.to(torch.bfloat16)
 
 
-def build_model(out: Path, vocab_size: int, token_ids: dict[str, int], seed: int = SEED) -> None:
+def text_config(token_ids: dict[str, int], **own: Any) -> dict[str, Any]:
+    """The tiny Qwen2 language model of every tiny model here: hidden 128, 2 layers, 2 heads / 1 KV head, its
+    special tokens' ids from `token_ids` (the vocabulary's size under ""); `own`: the model's own keys."""
+    return {
+        **own,
+        "vocab_size": token_ids[""],
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": True,
+        "bos_token_id": token_ids["<|endoftext|>"],
+        "eos_token_id": token_ids["<|im_end|>"],
+        "pad_token_id": token_ids["<|endoftext|>"],
+        "dtype": "bfloat16",
+        "initializer_range": INIT_STD,
+    }
+
+
+def greedy(model: Any, token_ids: dict[str, int]) -> None:
+    """The model's generation config: greedy, ending at <|im_end|> (the tests compare answers token for token)."""
+    model.generation_config.do_sample = False
+    model.generation_config.eos_token_id = token_ids["<|im_end|>"]
+    model.generation_config.pad_token_id = token_ids["<|endoftext|>"]
+
+
+def build_model(out: Path, token_ids: dict[str, int], seed: int = SEED) -> None:
     """Random-weight Qwen2-VL in bf16, initialised explicitly (not by transformers' defaults, which may change)."""
     import torch  # type: ignore[import-not-found]  # noqa: PLC0415
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration  # noqa: PLC0415
 
     config = Qwen2VLConfig(
-        text_config={
-            "vocab_size": vocab_size,
-            "hidden_size": 128,
-            "intermediate_size": 256,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "num_key_value_heads": 1,
-            "max_position_embeddings": 4096,
-            "rms_norm_eps": 1e-6,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [8, 12, 12]},
-            "tie_word_embeddings": True,
-            "bos_token_id": token_ids["<|endoftext|>"],
-            "eos_token_id": token_ids["<|im_end|>"],
-            "pad_token_id": token_ids["<|endoftext|>"],
-            "dtype": "bfloat16",
-            "initializer_range": INIT_STD,
-        },
+        text_config=text_config(
+            token_ids,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [8, 12, 12]},
+        ),
         vision_config={
             "depth": 2,
             "embed_dim": 64,
@@ -208,9 +224,7 @@ def build_model(out: Path, vocab_size: int, token_ids: dict[str, int], seed: int
     )
     torch.manual_seed(seed)
     model = randomize(Qwen2VLForConditionalGeneration(config), seed)
-    model.generation_config.do_sample = False
-    model.generation_config.eos_token_id = token_ids["<|im_end|>"]
-    model.generation_config.pad_token_id = token_ids["<|endoftext|>"]
+    greedy(model, token_ids)
     model.save_pretrained(str(out), safe_serialization=True)
 
 
@@ -238,9 +252,8 @@ def build_processor(out: Path) -> None:
 def build(out: Path, quiet: bool, seed: int = SEED) -> None:
     started = time.monotonic()
     token_ids = build_tokenizer(out)
-    vocab_size = token_ids[""]
-    say(quiet, f"tokenizer: {vocab_size} tokens ({time.monotonic() - started:.1f}s)")
-    build_model(out, vocab_size, token_ids, seed)
+    say(quiet, f"tokenizer: {token_ids['']} tokens ({time.monotonic() - started:.1f}s)")
+    build_model(out, token_ids, seed)
     say(quiet, f"model written ({time.monotonic() - started:.1f}s)")
     build_processor(out)
     say(quiet, f"processor written ({time.monotonic() - started:.1f}s)")

@@ -15,7 +15,7 @@ import pytest
 from epd_connectors.config.roles import Role
 from epd_local import processes, profile
 from epd_local.processes import Running
-from tests.e2e.conftest import REPO, TIMINGS, Launcher, VllmInstance, progress
+from tests.e2e.conftest import REPO, TIMINGS, Launcher, VllmInstance, local_example
 
 EXAMPLE = REPO / "examples" / "local-e-pd.yaml"
 
@@ -53,28 +53,21 @@ def fleet(
 ) -> Iterator[Fleet]:
     """The example started by the local runner together with the session's baseline (about 60 s for the three on
     2 idle cores when this folder runs first); stopped when the folder is done."""
-    say = progress(request.config)
     workdir = fleet_dir(launcher)
     workdir.mkdir(parents=True, exist_ok=True)
     plan = processes.plan_on_free_ports(EXAMPLE, workdir, tiny_model, profile.CPU)
     assert [i.role.value for i in plan.instances] == ["encoder", "pd", "proxy"]
     started = time.monotonic()
-    with processes.deployment(plan, workdir, launcher.python, say=lambda line: say(f"local-e-pd: {line}")) as local:
+    with local_example(request, plan, workdir, launcher.python, "local-e-pd") as local:
         launcher.wait_healthy([baseline_started])
         TIMINGS.add("ec_example: the local runner's E+PD and proxy ready (wall)", time.monotonic() - started)
         roles = {run.instance.role: run for run in local.running}
-        ec_folder = fleet_ec_folder(launcher)
-        try:
-            yield Fleet(
-                baseline=baseline_started,
-                encoder=as_instance(roles[Role.ENCODER]),
-                pd=as_instance(roles[Role.PD]),
-                ec_folder=ec_folder,
-                endpoint=plan.endpoint,
-            )
-            assert not local.failed(), f"a role of the example died: {local.failed()}"
-        finally:
-            if request.session.testsfailed:
-                for run in local.running:
-                    say(f"--- {run.name} log tail ({run.log}) ---\n{run.tail(30)}")
+        yield Fleet(
+            baseline=baseline_started,
+            encoder=as_instance(roles[Role.ENCODER]),
+            pd=as_instance(roles[Role.PD]),
+            ec_folder=fleet_ec_folder(launcher),
+            endpoint=plan.endpoint,
+        )
+        assert not local.failed(), f"a role of the example died: {local.failed()}"
     assert not local.running

@@ -1,23 +1,24 @@
 """The operator's one connection to the Kubernetes API, and the errors it raises.
 
 Only apply, status and events talk to the API server, all through `Client.request`, so every third-party
-error (aiohttp, the kubernetes client, an HTTP status) becomes one of the exception types below in exactly one
-place. Bodies are plain dicts: the operator renders whole manifests and reads only a few status fields, so
-the typed client models would only add conversions.
+error (aiohttp, an HTTP status) becomes one of the exception types below in exactly one place; module
+kubeconfig says where the server is and who we are. Bodies are plain dicts: the operator renders whole manifests
+and reads only a few status fields, so typed client models would only add conversions.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
 import aiohttp
-from kubernetes.aio import client as kube_client
-from kubernetes.aio import config as kube_config
+import kopf
+
+from epd_operator import kubeconfig
 
 DEFAULT_TIMEOUT_S = 30.0
 """Per request. Applies and lists answer in milliseconds; 30 s only bounds a hung connection."""
@@ -124,69 +125,36 @@ class Connection:
     pool_size: int = DEFAULT_POOL_SIZE
 
 
-@dataclass(frozen=True)
-class Credentials:
-    """Server and identity of a loaded configuration (file paths as the client library wrote them)."""
-
-    in_cluster: bool
-    """Loaded from the pod's service account (whose token file rotates)."""
-    server: str
-    ca_path: str | None
-    insecure: bool
-    certificate_path: str | None
-    private_key_path: str | None
-    scheme: str | None
-    token: str | None
-
-
 class Client:
     """An authenticated connection pool to one API server; `request` returns the decoded JSON answer."""
 
-    def __init__(self, api: Any, timeout_s: float = DEFAULT_TIMEOUT_S, in_cluster: bool = False) -> None:
-        self._api = api
-        self._in_cluster = in_cluster
-        self._host: str = api.configuration.host.rstrip("/")
-        self._timeout_s = timeout_s
+    def __init__(self, connection: Connection, info: kopf.ConnectionInfo) -> None:
+        self._connection = connection
+        self._info, self._ssl = info, info.as_ssl_context()
+        self._host = str(info.server).rstrip("/")
+        # No proxy or .netrc from the environment (aiohttp looks both up per request, in a thread); a
+        # kubeconfig's proxy-url is passed per request.
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=connection.pool_size),
+            timeout=aiohttp.ClientTimeout(total=connection.timeout_s),
+            trust_env=False,
+        )
 
     @classmethod
     async def connect(cls, connection: Connection) -> Client:
         """A client for `connection`; raises KubeError when no configuration can be loaded."""
-        configuration = kube_client.Configuration()
-        configuration.connection_pool_maxsize = connection.pool_size
-        # No proxy or .netrc from the environment: aiohttp looked both up, in a thread, for every request (a
-        # kubeconfig's proxy-url still applies: the client passes it per request).
-        configuration.client_session_kwargs = {"trust_env": False}
-        path = connection.kubeconfig or os.environ.get("KUBECONFIG")
-        in_cluster = path is None and bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
-        try:
-            if in_cluster:
-                kube_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-            else:
-                await kube_config.load_kube_config(  # type: ignore[no-untyped-call]
-                    config_file=path, context=connection.context, client_configuration=configuration
-                )
-        except Exception as exc:  # the loaders raise ConfigException, OSError, YAML errors...
-            raise KubeError("CONFIG", path or "in-cluster", 0, "NoConfiguration", str(exc)) from exc
-        return cls(kube_client.ApiClient(configuration), connection.timeout_s, in_cluster)
+        return cls(connection, await _load(connection))
 
     async def close(self) -> None:
-        await self._api.close()
+        await self._session.close()
 
-    def credentials(self) -> Credentials:
-        """What this client authenticates with, for kopf's own connection (the same server and identity)."""
-        cfg = self._api.configuration
-        token = cfg.api_key.get("BearerToken") or cfg.api_key.get("authorization")
-        scheme, _, value = str(token).partition(" ") if token else ("", "", "")
-        return Credentials(
-            in_cluster=self._in_cluster,
-            server=self._host,
-            ca_path=cfg.ssl_ca_cert,
-            insecure=not cfg.verify_ssl,
-            certificate_path=cfg.cert_file,
-            private_key_path=cfg.key_file,
-            scheme=scheme if value else ("Bearer" if token else None),
-            token=(value or scheme) if token else None,
-        )
+    async def credentials(self) -> kopf.ConnectionInfo:
+        """What this client connects with, read again once expired (a rotated token file, an exec plugin's
+        token); kopf's own connection uses it too."""
+        if kubeconfig.expired(self._info):
+            info = await _load(self._connection)
+            self._info, self._ssl = info, info.as_ssl_context()
+        return self._info
 
     async def request(
         self,
@@ -200,15 +168,14 @@ class Client:
         """Send one request; the JSON answer, or one of our KubeError types."""
         url = self._host + path + (f"?{urlencode(query)}" if query else "")
         headers = {"Content-Type": content_type, "Accept": JSON}
+        info = await self.credentials()
+        headers.update(info.as_http_headers())
+        data = None if body is None else json.dumps(body).encode()
         try:
-            # call_api sends no credentials of its own: a bearer token (service account) is added here, fresh
-            # from the configuration's refresh hook; client certificates live in the TLS context already.
-            for auth in (await self._api.configuration.auth_settings()).values():
-                headers[auth["key"]] = auth["value"]
-            response = await self._api.call_api(
-                method, url, header_params=headers, body=body, _request_timeout=self._timeout_s
-            )
-            raw = await response.read()
+            async with self._session.request(
+                method, url, headers=headers, data=data, ssl=self._ssl, proxy=info.proxy_url
+            ) as response:
+                raw = await response.read()
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise UnavailableError(method, path, 0, type(exc).__name__, str(exc)) from exc
         status: int = response.status
@@ -223,6 +190,13 @@ class Client:
                 method, path, status, str(answer.get("reason", response.reason)), str(answer.get("message", ""))
             )
         return decoded if isinstance(decoded, dict) else {"items": decoded}
+
+
+async def _load(connection: Connection) -> kopf.ConnectionInfo:
+    try:
+        return await asyncio.to_thread(kubeconfig.load, connection.kubeconfig, connection.context)
+    except kubeconfig.ConfigError as exc:
+        raise KubeError("CONFIG", connection.kubeconfig or "in-cluster", 0, "NoConfiguration", str(exc)) from exc
 
 
 def collection_path(api_version: str, plural: str, namespace: str | None) -> str:

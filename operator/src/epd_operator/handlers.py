@@ -60,21 +60,10 @@ def configure(settings: kopf.OperatorSettings) -> None:
 
 
 @kopf.on.login(registry=registry)
-def login(memo: Any, **kwargs: Any) -> Any:
-    """kopf connects as our own client does (same server, same identity; startup ran before this)."""
+async def login(memo: Any, **_: Any) -> kopf.ConnectionInfo:
+    """kopf connects as our own client does (same server, same identity, read again when it expires)."""
     controller: Controller = memo.controller
-    creds = controller.runtime.client.credentials()
-    if creds.in_cluster:
-        return kopf.login_with_service_account(**kwargs)  # kopf re-reads the rotating token file itself
-    return kopf.ConnectionInfo(
-        server=creds.server,
-        ca_path=creds.ca_path,
-        insecure=creds.insecure,
-        certificate_path=creds.certificate_path,
-        private_key_path=creds.private_key_path,
-        scheme=creds.scheme,
-        token=creds.token,
-    )
+    return await controller.runtime.client.credentials()
 
 
 @kopf.on.startup(registry=registry)

@@ -17,10 +17,12 @@ Prints a table. Only the apiserver and the operator's own metrics/liveness endpo
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,7 @@ from kubernetes import client, config
 
 from epd_operator.api.resource import OperatorDefaults, Owner, parse_spec
 from epd_operator.render import render_desired
-from epd_testenv import cluster, layout, nodes
+from epd_testenv import cluster, layout, nodes, process
 
 sys.path.insert(0, str(layout.repo_root()))  # the cluster tests' helpers (Kube, Operator)
 from tests.cluster.operator_fixtures import (
@@ -142,6 +144,25 @@ def floor(kube: Kube) -> float:
         time.sleep(0.25)
 
 
+def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """User + system CPU each process has used so far (/proc/<pid>/stat), by name."""
+    tick = os.sysconf("SC_CLK_TCK")
+    used = {}
+    for name, pid in pids.items():
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        used[name] = (int(fields[11]) + int(fields[12])) / tick
+    return used
+
+
+def spent(pids: dict[str, int], phase: Callable[[], float]) -> tuple[float, dict[str, float]]:
+    """`phase`'s seconds, and the CPU seconds each process used meanwhile: with every core busy in both phases
+    (as on the 2-core machines here), the difference between the operator's run and the floor is this work."""
+    before = cpu_seconds(pids)
+    seconds = phase()
+    after = cpu_seconds(pids)
+    return seconds, {name: after[name] - before[name] for name in pids}
+
+
 def writes(metrics: dict[str, float]) -> float:
     return sum(v for k, v in metrics.items() if any(k == w or k.startswith(w + "{") for w in WRITES))
 
@@ -179,14 +200,16 @@ def main() -> int:
         runs = [one_run(kube, f"run-{i}", children) for i in range(RUNS)]
         created = [r[0] for r in runs]
         became_ready = [r[1] for r in runs]
-        all_fifty = fifty(kube)
+        assert operator.process is not None
+        pids = {p.name: p.pid for p in process.load(STATE_DIR)[0]}
+        all_fifty, fifty_cpu = spent({**pids, "operator": operator.process.pid}, lambda: fifty(kube))
         before = writes(operator.metrics())
         time.sleep(STEADY_S)
         metrics = operator.metrics()
         steady = writes(metrics) - before
         rss_mb = operator.rss_kib() / 1024
         operator.stop()
-        control_plane = floor(kube)
+        control_plane, floor_cpu = spent(pids, lambda: floor(kube))
     finally:
         if operator is not None:
             operator.stop()
@@ -228,6 +251,11 @@ def main() -> int:
         unit = "" if "RSS" in label or "writes" in label else " s"
         p95_text = f"{high:.2f}{unit}" if high is not None else "-"
         print(f"{label:44} {value:>10.2f}{unit:2} {p95_text:>8}  {goal:10} {'yes' if met else 'NO'}")
+    print(f"CPU seconds used (the machine has {os.cpu_count()} cores):")
+    print(f"  {'process':26} {'50 at once':>10} {'floor':>8}")
+    for name in fifty_cpu:
+        print(f"  {name:26} {fifty_cpu[name]:>10.1f} {floor_cpu.get(name, 0.0):>8.1f}")
+    print(f"  {'all':26} {sum(fifty_cpu.values()):>10.1f} {sum(floor_cpu.values()):>8.1f}")
     count = metrics["epd_operator_reconcile_duration_seconds_count"]
     print(f"mean reconcile (operator metric): {mean_reconcile * 1000:.0f} ms over {count:.0f} reconciles")
     print(f"status writes: {metrics.get('epd_operator_status_writes_total', 0):.0f}")

@@ -39,6 +39,8 @@ def load(kubeconfig: str | None, context: str | None, environ: Mapping[str, str]
     if kubeconfig is None and environ.get("KUBERNETES_SERVICE_HOST"):
         return in_cluster(environ)
     paths = [Path(p).expanduser() for p in (kubeconfig or "~/.kube/config").split(os.pathsep) if p]
+    if len(paths) > 1:  # as kubectl: files of a list that do not exist are skipped
+        paths = [p for p in paths if p.exists()] or paths[:1]
     files = []
     for path in paths:
         try:

@@ -63,13 +63,13 @@ def test_inline_data_and_a_token(tmp_path: Path) -> None:
     assert info.as_http_headers() == {"Authorization": "Bearer t0k"}
 
 
-def test_a_context_is_chosen_and_several_files_merge_first_wins(tmp_path: Path) -> None:
+def test_a_context_is_chosen_and_several_files_merge_first_wins_missing_ones_skipped(tmp_path: Path) -> None:
     first = config({"token": "first"})
     second = config({"token": "second"}, {"server": "https://127.0.0.2:6443"})
     second["contexts"].append({"name": "other", "context": {"cluster": "c2", "user": "u2"}})
     second["clusters"].append({"name": "c2", "cluster": {"server": "https://127.0.0.3:6443"}})
     second["users"].append({"name": "u2", "user": {"token": "other"}})
-    paths = f"{write(tmp_path / 'a', first)}:{write(tmp_path / 'b', second)}"
+    paths = f"{tmp_path / 'absent'}:{write(tmp_path / 'a', first)}:{write(tmp_path / 'b', second)}"
     assert kubeconfig.load(paths, None, environ={}).token == "first"
     other = kubeconfig.load(paths, "other", environ={})
     assert (other.server, other.token) == ("https://127.0.0.3:6443", "other")

@@ -218,6 +218,9 @@ def test_ha_masters_are_admitted_with_an_etcd_and_refused_with_a_metadata_server
     _set(spec, "store.master.httpMetadataServer", True)
     done = _kubectl_create(kubectl, kubeconfig, admission_ns, "ha", spec)
     assert done.returncode != 0 and "HA masters need httpMetadataServer false" in done.stderr, done.stderr
+    _set(spec, "store.master", {"ha": {"etcdEndpoints": ["etcd:2379"]}, "snapshotIntervalSeconds": 60})
+    done = _kubectl_create(kubectl, kubeconfig, admission_ns, "ha", spec)
+    assert done.returncode != 0 and "replicate metadata instead of snapshotting" in done.stderr, done.stderr
     for ha in ({"backend": "k8s", "etcdEndpoints": ["etcd:2379"]}, {"replicas": 1, "etcdEndpoints": ["etcd:2379"]}):
         _set(spec, "store.master", {"ha": ha})
         done = _kubectl_create(kubectl, kubeconfig, admission_ns, "ha", spec)

@@ -165,7 +165,12 @@ class Mooncake:
         config = MasterConfig.model_validate(data)
         for path, content in config.files().items():
             Path(path).write_text(content)
-        process = self.spawn(f"master-{config.rpc_port}", config.argv())
+        return self.start_master(config, serving=serving)
+
+    def start_master(self, config: MasterConfig, *, serving: bool = True, name: str = "") -> RunningMaster:
+        """Start a master of `config` (again, after one was stopped: a restart), with the environment the
+        launcher gives it."""
+        process = self.spawn(name or f"master-{config.rpc_port}", config.argv(), config.env())
         self._wait(process, "/health", lambda: health(config) is not None and (not serving or _serves(config)))
         return RunningMaster(config, process)
 

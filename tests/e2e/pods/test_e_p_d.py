@@ -184,6 +184,11 @@ def _ready(pod: dict[str, Any]) -> bool:
     return bool(statuses) and all(s["ready"] for s in statuses)
 
 
+OPLOG_SETTLE_S = 2.0
+"""Between reading the leader's keys and deleting it: the oplog commits in batches, so the newest put may reach
+etcd a moment after the leader lists it."""
+
+
 def masters(epd: RealEPD) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The leading master's pod (the one Ready) and the others."""
     pods = [p for p in epd.pods() if _is_master(p) and not p["metadata"].get("deletionTimestamp")]
@@ -376,6 +381,9 @@ def test_the_leading_masters_pod_deleted_under_load_another_master_leads_and_req
 ) -> None:
     leader, [standby] = masters(epd)
     eventually(lambda: reported_leader(epd) == f"{leader['status']['podIP']}:50051", "status.store.leader", 60)
+    put_before = epd.store_keys()
+    assert put_before, "the load put nothing into the store"
+    time.sleep(OPLOG_SETTLE_S)
     began = time.monotonic()
     epd.kubectl.run("delete", "pod", "-n", epd.namespace, leader["metadata"]["name"], "--wait=false")
 
@@ -398,8 +406,13 @@ def test_the_leading_masters_pod_deleted_under_load_another_master_leads_and_req
     TIMINGS.count("real pods: leading master deleted -> the standby leads (1) or the replacement (0)", serving(standby))
     TIMINGS.add("real pods: leading master deleted -> deployment Ready again", time.monotonic() - began)
     epd.forget(Role.MASTER)
-    # The new leader starts empty (no oplog); the store client and the vLLM ranks follow the election by
-    # themselves (MC_STORE_CLUSTER_ID), so a fresh prompt's blocks land in the new leader's store.
+    # The leader replicated its metadata through etcd (the oplog, ha.replicateMetadata's default): the new
+    # leader holds every object put before the deletion, and their bytes are still in the store client's segment.
+    kept = put_before & epd.store_keys()
+    TIMINGS.count(f"real pods: leading master deleted -> objects kept of the {len(put_before)} put before", len(kept))
+    assert kept == put_before, sorted(put_before - kept)[:5]
+    # The store client and the vLLM ranks follow the election by themselves (MC_STORE_CLUSTER_ID), so a fresh
+    # prompt's blocks land in the new leader's store.
     seeds = iter(range(34, 1000))
 
     def a_fresh_prompt_lands() -> bool:

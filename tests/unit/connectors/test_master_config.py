@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from epd_connectors.config.master import HABackend, HAConfig, MasterConfig, TenantQuotaPolicy
+from epd_connectors.config.master import HABackend, HAConfig, MasterConfig, SnapshotConfig, TenantQuotaPolicy
 
 pytestmark = pytest.mark.unit
 
@@ -59,8 +59,32 @@ def test_default_argv_is_mooncakes_defaults_spelled_out() -> None:
         "--default_kv_lease_ttl=10000",
         "--client_ttl=10",
         "--enable_ha=false",
+        "--enable_snapshot=false",
+        "--enable_snapshot_restore=false",
     ]
     assert config.files() == {}
+    assert config.env() == {}
+
+
+def test_a_single_masters_snapshots_are_flags_and_their_folder_an_environment_variable() -> None:
+    config = MasterConfig(snapshot=SnapshotConfig(interval_s=30, path="/var/run/epd/master-snapshots"))
+    parsed = flags(config.argv())
+    assert {k: parsed[k] for k in parsed if "snapshot" in k} == {
+        "enable_snapshot": "true",
+        "enable_snapshot_restore": "true",
+        "snapshot_interval_seconds": "30",
+        "snapshot_object_store_type": "local",
+    }
+    assert config.env() == {"MOONCAKE_SNAPSHOT_LOCAL_PATH": "/var/run/epd/master-snapshots"}
+
+
+def test_snapshots_are_refused_for_ha_masters_and_a_relative_folder() -> None:
+    ha = HAConfig(endpoints=("etcd-0:2379",), enable_oplog=True)
+    msg = master_message(rpc_address="10.0.0.5", ha=ha, snapshot={"interval_s": 30, "path": "/s"})
+    assert "a standby takes over without restoring a snapshot" in msg
+    assert "Fix: remove snapshot; keep objects across a failover with ha.enable_oplog" in msg
+    with pytest.raises(ValidationError, match=r"snapshot\.path = 'snaps'.*Fix: give an absolute path"):
+        SnapshotConfig(interval_s=30, path="snaps")
 
 
 def test_full_argv_round_trips_through_its_flags() -> None:
@@ -96,6 +120,8 @@ def test_full_argv_round_trips_through_its_flags() -> None:
         "default_kv_lease_ttl": "5000",
         "client_ttl": "20",
         "enable_ha": "true",
+        "enable_snapshot": "false",
+        "enable_snapshot_restore": "false",
         "ha_backend_type": "etcd",
         "ha_backend_connstring": "etcd-0:2379;etcd-1:2379",
         "cluster_id": "team-a",

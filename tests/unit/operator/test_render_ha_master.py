@@ -11,6 +11,7 @@ import pytest
 from epd_connectors.config.mooncake import CLUSTER_ID_ENV, RPC_CONNECT_TIMEOUT_ENV
 from epd_connectors.config.roles import Role
 from epd_connectors.launch.plan import plan_launch
+from epd_operator.api.resource import InvalidSpecError
 from epd_operator.render import Desired
 from epd_operator.status import observe
 from tests.unit.operator.test_render import OFFLOAD, bundles, by_key, example, render
@@ -40,6 +41,39 @@ def test_the_masters_elect_under_the_deployments_tenant_id_and_advertise_their_p
     assert argv["cluster_id"] == desired.derived.tenant_id == "serving.demo"
     assert argv["rpc_address"] == "10.1.2.3"
     assert argv["enable_http_metadata_server"] == "false"
+
+
+def test_the_leader_replicates_metadata_to_the_standbys_unless_told_not_to() -> None:
+    """Mooncake's oplog (through the same etcd): a failover keeps the objects (tests/store measures it)."""
+    master = bundles(with_ha())["demo-master"].master
+    assert master is not None and master.ha is not None and master.ha.enable_oplog and master.snapshot is None
+    spec = example(OFFLOAD)
+    spec["store"]["master"] = {"ha": {"etcdEndpoints": ETCD, "replicateMetadata": False}}
+    master = bundles(render(spec))["demo-master"].master
+    assert master is not None and master.ha is not None and not master.ha.enable_oplog
+
+
+def test_a_single_master_snapshots_to_its_work_volume_and_restores_there() -> None:
+    """The work folder is the pod's emptyDir, which a restarted container keeps."""
+    bundle = bundles(render(example(OFFLOAD)))["demo-master"]
+    plan = plan_launch(bundle, workdir="/work", bundle_path="/b.json", environ={"POD_IP": "10.1.2.4"})
+    argv = flags(plan.argv)
+    assert (argv["enable_snapshot"], argv["enable_snapshot_restore"], argv["snapshot_interval_seconds"]) == (
+        "true",
+        "true",
+        "30",
+    )
+    assert plan.env["MOONCAKE_SNAPSHOT_LOCAL_PATH"] == "/var/run/epd/master-snapshots"
+    spec = example(OFFLOAD)
+    spec["store"]["master"] = {"snapshotIntervalSeconds": 0}
+    assert bundles(render(spec))["demo-master"].master.snapshot is None  # type: ignore[union-attr]
+
+
+def test_snapshots_are_refused_for_ha_masters_with_the_field_and_the_fix() -> None:
+    spec = example(OFFLOAD)
+    spec["store"]["master"] = {"ha": {"etcdEndpoints": ETCD}, "snapshotIntervalSeconds": 60}
+    with pytest.raises(InvalidSpecError, match=r"spec\.store\.master\.snapshotIntervalSeconds = 60: HA masters keep"):
+        render(spec)
 
 
 def test_without_its_pod_ip_an_ha_master_refuses_to_start() -> None:

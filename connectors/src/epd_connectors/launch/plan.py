@@ -60,6 +60,7 @@ def plan_launch(
             master = master.model_validate({**master.model_dump(), "rpc_address": address})
             supervised = True  # Mooncake's master installs its SIGTERM handler only without HA
         argv = master.argv()
+        env.update(master.env())
         files.update(master.files())
     elif bundle.role is Role.STORE_CLIENT:
         assert bundle.store_client is not None

@@ -24,6 +24,9 @@ class MasterHASpec(ApiModel):
     etcd_endpoints: list[EtcdEndpoint] = Field(min_length=1, max_length=7)
     """HOST:PORT of each member of the etcd the masters elect through. Each deployment elects under its own
     key (its tenant id), so deployments may share one etcd."""
+    replicate_metadata: bool = True
+    """The leader writes every object's metadata to the standbys through etcd (Mooncake's oplog), so a new
+    leader serves the cached embeddings and KV blocks the old one had; false: a failover empties the store."""
 
 
 class MasterSpec(RuledModel):
@@ -39,6 +42,17 @@ class MasterSpec(RuledModel):
             cel="!has(self.ha) || !has(self.httpMetadataServer) || !self.httpMetadataServer",
             cel_message="spec.store.master: HA masters need httpMetadataServer false (a failover would lose "
             "the metadata)",
+        ),
+        Rule(
+            "spec.store.master.snapshotIntervalSeconds",
+            lambda s: s.ha is None or not s.snapshot_interval_seconds,
+            lambda s: s.snapshot_interval_seconds,
+            "HA masters keep objects across a failover through ha.replicateMetadata; a standby never restores a "
+            "snapshot, and Mooncake refuses clients when both run",
+            "remove snapshotIntervalSeconds (or set it 0)",
+            cel="!has(self.ha) || !has(self.snapshotIntervalSeconds) || self.snapshotIntervalSeconds == 0",
+            cel_message="spec.store.master: HA masters replicate metadata instead of snapshotting it; remove "
+            "snapshotIntervalSeconds",
         ),
     )
 
@@ -59,7 +73,11 @@ class MasterSpec(RuledModel):
     node_selector: LabelMap = {}
     """Nodes for the master (e.g. CPU nodes: it holds no GPU memory)."""
     ha: MasterHASpec | None = None
-    """Several masters, one leading; unset runs one master, which a restart empties (clients reconnect)."""
+    """Several masters, one leading; unset runs one master."""
+    snapshot_interval_seconds: int | None = Field(default=None, ge=0, le=86400)
+    """A single master snapshots its metadata this often to its pod's work volume and restores the last snapshot
+    when its container restarts, so a restart loses only the puts since (a deleted pod loses its volume and every
+    object). Unset: every 30 s; 0: never (a restart empties the store). Not with ha (it replicates instead)."""
 
 
 class OffloadSpec(ApiModel):

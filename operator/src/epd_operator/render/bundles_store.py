@@ -8,7 +8,7 @@ scaling the store clients must not roll the master or any vLLM role.
 from __future__ import annotations
 
 from epd_connectors.config.bundle import Peers, RoleBundle
-from epd_connectors.config.master import HAConfig, MasterConfig, TenantQuota, TenantQuotaPolicy
+from epd_connectors.config.master import HAConfig, MasterConfig, SnapshotConfig, TenantQuota, TenantQuotaPolicy
 from epd_connectors.config.mooncake import MooncakeStoreConfig, Protocol, StoreMode
 from epd_connectors.config.roles import Role
 from epd_connectors.config.store_client import StoreClientConfig
@@ -21,6 +21,11 @@ from epd_operator.render.context import Context
 TENANT_POLICY_NAME = "tenant_quota.yaml"
 TENANT_POLICY_FILE = f"{c.WORK_DIR}/{TENANT_POLICY_NAME}"
 """The master's quota policy: on the writable work volume, since Mooncake rewrites it on quota changes."""
+SNAPSHOT_DIR_NAME = "master-snapshots"
+"""A single master's snapshots: on the work volume, which a restarted container keeps."""
+DEFAULT_SNAPSHOT_INTERVAL_S = 30
+"""spec.store.master.snapshotIntervalSeconds unset: a restart loses at most the last 30 s of puts; Mooncake's
+own default (600 s) would lose ten minutes of cached embeddings."""
 UNBOUNDED_QUOTA = 2**60
 """The tenant's quota when spec.store.tenant.quota is unset ("the whole pool"): larger than any pool, and not
 derived from the store clients' count, which would put a replica count into the master's bundle."""
@@ -46,15 +51,23 @@ def master_config(ctx: Context) -> MasterConfig:
     # a cluster keeps Mooncake's all-interfaces default (probes and peers come to the pod's IP).
     bind = ctx.site.network.bind_host
     addresses: dict[str, str] = {"rpc_address": bind, "metrics_host": bind} if bind is not None else {}
-    ha = None
+    ha = snapshot = None
     if master.ha is not None:
         # Each master advertises its own address through the election; the deployment's tenant id keeps its
         # election apart from other deployments' on a shared etcd.
-        ha = HAConfig(endpoints=tuple(master.ha.etcd_endpoints), cluster_id=ctx.tenant_id)
+        ha = HAConfig(
+            endpoints=tuple(master.ha.etcd_endpoints),
+            cluster_id=ctx.tenant_id,
+            enable_oplog=master.ha.replicate_metadata,
+        )
         addresses.setdefault("rpc_address", ctx.own_address)
+    elif master.snapshot_interval_seconds != 0:
+        interval = master.snapshot_interval_seconds or DEFAULT_SNAPSHOT_INTERVAL_S
+        snapshot = SnapshotConfig(interval_s=interval, path=f"{ctx.site.paths.work_dir}/{SNAPSHOT_DIR_NAME}")
     return MasterConfig(
         **addresses,
         ha=ha,
+        snapshot=snapshot,
         rpc_port=ctx.port(workload, ports.RPC, master.rpc_port),
         metrics_port=ctx.port(workload, ports.METRICS, master.metrics_port),
         enable_http_metadata_server=master.http_metadata_server,

@@ -47,8 +47,9 @@ def leader_readiness(metrics_port: int) -> dict[str, Any]:
 
 
 def render_master_deployment(ctx: Context, unit: Unit, store: StoreSpec, bundle_json: str) -> dict[str, Any]:
-    """One master (its restart loses every key, which clients survive by reconnecting within ~1 s), or with
-    spec.store.master.ha several: one leads, the others stand by, Ready only the leader."""
+    """One master (a restarted container restores its last snapshot from the work volume; clients reconnect
+    within ~1 s), or with spec.store.master.ha several: one leads, the others stand by with its metadata, Ready
+    only the leader."""
     master = store.master
     res = master.resources
     probes = Probes(

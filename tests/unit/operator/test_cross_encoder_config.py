@@ -496,13 +496,21 @@ def test_two_deployments_of_one_model_share_keys_but_never_a_tenant(other: Owner
     a, b = render(), render(owner=other)
     assert encoder_namespace(a) == encoder_namespace(b)
     assert a.derived.tenant_id != b.derived.tenant_id
+    masters = []
     for desired in (a, b):
         roles = bundles_by_role(desired)
-        tenants = {r.store().tenant_id for role in (Role.ENCODER, Role.PD) for r in pod_launches(desired, role)}
+        users = [r.store() for role in (Role.ENCODER, Role.PD) for r in pod_launches(desired, role)]
         client, master = roles[Role.STORE_CLIENT].store_client, roles[Role.MASTER].master
         assert client is not None and master is not None and master.tenant_quota_policy is not None
-        tenants |= {client.tenant_id, *(t.name for t in master.tenant_quota_policy.tenants)}
+        tenants = {u.tenant_id for u in users} | {
+            client.tenant_id,
+            *(t.name for t in master.tenant_quota_policy.tenants),
+        }
         assert tenants == {desired.derived.tenant_id}
+        # No field names another deployment's master: each renders and uses its own (a store is never shared).
+        [address] = {u.master_server_address for u in users} | {client.master_server_address}
+        masters.append(address)
+    assert masters[0] != masters[1]
 
 
 @pytest.mark.parametrize(

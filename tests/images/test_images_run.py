@@ -42,10 +42,18 @@ def test_the_operator_image_starts_its_command() -> None:
     assert "usage: epd-operator" in result.stdout
 
 
+def test_the_operator_image_has_no_kubernetes_client_library() -> None:
+    """The operator talks to the API server with aiohttp and reads its kubeconfig itself (kubeconfig.py): the
+    library's models, which kopf imports whenever the library is there, would be a third of its memory."""
+    argv = ["run", "--rm", *pods.locked_down("none"), "--entrypoint", '["python", "-c"]']
+    probe = "import importlib.util as u; print(u.find_spec('kubernetes') is None)"
+    assert podman(*argv, require_image(tags()["operator"]), probe).stdout.strip() == "True"
+
+
 @pytest.mark.parametrize(
     ("folder", "packages"),
     [
-        ("operator", ("kopf", "kubernetes", "pydantic", "epd-operator", "epd-connectors")),
+        ("operator", ("kopf", "aiohttp", "pydantic", "epd-operator", "epd-connectors")),
         ("proxy", ("httptools", "uvloop", "orjson", "prometheus-client", "epd-connectors")),
         ("mooncake", ("mooncake-transfer-engine-non-cuda", "epd-connectors")),
     ],

@@ -131,6 +131,8 @@ class Client:
     def __init__(self, connection: Connection, info: kopf.ConnectionInfo) -> None:
         self._connection = connection
         self._info, self._ssl = info, info.as_ssl_context()
+        self._reloading = asyncio.Lock()
+        """One reload at a time: the requests that find the credentials expired together share it."""
         self._host = str(info.server).rstrip("/")
         # No proxy or .netrc from the environment (aiohttp looks both up per request, in a thread); a
         # kubeconfig's proxy-url is passed per request.
@@ -152,8 +154,10 @@ class Client:
         """What this client connects with, read again once expired (a rotated token file, an exec plugin's
         token); kopf's own connection uses it too."""
         if kubeconfig.expired(self._info):
-            info = await _load(self._connection)
-            self._info, self._ssl = info, info.as_ssl_context()
+            async with self._reloading:
+                if kubeconfig.expired(self._info):  # not reloaded while this request waited
+                    info = await _load(self._connection)
+                    self._info, self._ssl = info, info.as_ssl_context()
         return self._info
 
     async def request(

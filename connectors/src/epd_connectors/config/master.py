@@ -186,6 +186,13 @@ class HAConfig(base.ConfigModel):
         return f"{self.backend.value}://{self.connstring()}"
 
 
+def _absolute_path(field: str, value: str, what: str, fix: str) -> str:
+    """A path the master is given: absolute, since it resolves `what` from its own working directory."""
+    if not value.startswith("/") or any(c in value for c in "\0\n"):
+        raise base.rule_error(field, value, f"the master resolves {what} from its own working directory", fix)
+    return value
+
+
 SNAPSHOT_PATH_ENV = "MOONCAKE_SNAPSHOT_LOCAL_PATH"
 """Where Mooncake's local snapshot store keeps its files (an environment variable; it has no flag)."""
 
@@ -203,11 +210,7 @@ class SnapshotConfig(base.ConfigModel):
     @field_validator("path")
     @classmethod
     def _check_path(cls, value: str) -> str:
-        if not value.startswith("/") or any(c in value for c in "\0\n"):
-            raise base.rule_error(
-                "snapshot.path", value, "the master resolves it from its own working directory", "give an absolute path"
-            )
-        return value
+        return _absolute_path("snapshot.path", value, "it", "give an absolute path")
 
 
 class MasterConfig(base.ConfigModel):
@@ -296,14 +299,8 @@ class MasterConfig(base.ConfigModel):
     @field_validator("tenant_quota_policy_path")
     @classmethod
     def _check_policy_path(cls, value: str) -> str:
-        if value and (not value.startswith("/") or any(c in value for c in "\0\n")):
-            raise base.rule_error(
-                "tenant_quota_policy_path",
-                value,
-                "the master resolves the policy file from its own working directory",
-                "give an absolute path on a writable volume, e.g. '/var/run/mooncake/tenant_quota.yaml'",
-            )
-        return value
+        fix = "give an absolute path on a writable volume, e.g. '/var/run/mooncake/tenant_quota.yaml'"
+        return _absolute_path("tenant_quota_policy_path", value, "the policy file", fix) if value else value
 
     @model_validator(mode="after")
     def _check_combinations(self) -> Self:

@@ -14,7 +14,7 @@ KUBECONFIG_PATH := .run/cluster/kubeconfig
 export PATH := $(CURDIR)/$(BIN_DIR):$(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: help setup setup-apt setup-python setup-k8s-tools lint fmt test test-fast test-unit test-cluster test-store \
-        setup-e2e test-e2e cluster-up cluster-down cluster-status demo demo-local bench clean crds images images-test \
+        setup-e2e test-e2e bench-autoscale cluster-up cluster-down cluster-status demo demo-local bench clean crds images images-test \
         images-test-vllm images-resolve-gpu test-images test-pods \
         setup-vllm033 setup-vllm034 test-vllm
 
@@ -116,7 +116,10 @@ demo-local: setup-python setup-e2e ## run examples/local-e-pd.yaml here: no clus
 	$(PY) -m epd_local run $(DEMO_LOCAL) --model "$$model" --python $(VENV_E2E)/bin/python \
 		--workdir .run/local --sample-request $(DEMO_LOCAL_ARGS)
 
-bench: setup ## every benchmark under bench/
+bench-autoscale: setup setup-e2e images-test images-test-vllm ## encoders scaling themselves on the real node under a load step (KEDA, the HPA): timings, failures, replica-seconds
+	@$(PY) bench/autoscale/run.py
+
+bench: setup setup-e2e images-test images-test-vllm ## every benchmark under bench/ (bench/autoscale runs the real node: root)
 	@for b in bench/*/run.py; do [ -f "$$b" ] && $(PY) "$$b"; done
 
 clean: cluster-down ## remove the run state (keeps the binary cache)

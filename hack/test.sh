@@ -29,8 +29,8 @@ setup() { stage "$@" || { rc=$?; echo "make test: set-up stage '$1' failed (rc $
 marked() { sed -u -e "s/^/[$1] /"; }
 
 setup "disk space" -- hack/check-disk.sh "$venv" "$venv_e2e" "$venv_vllm033" "$venv_vllm034"
-stage "Go builds (control plane, kwok, helm, CoreDNS, Prometheus)" -- hack/build-k8s-tools.sh "$bin_dir" \
-  > >(marked go) 2>&1 &
+stage "Go builds (control plane, kwok, helm, CoreDNS, Prometheus)" -- env BUILD_GROUPS=core \
+  hack/build-k8s-tools.sh "$bin_dir" > >(marked go) 2>&1 &
 go_builds=$!
 # One apt run for everything: the tests' packages and the daemonless image build's.
 setup "apt" -- hack/setup-apt.sh buildah mmdebstrap runc podman
@@ -53,8 +53,8 @@ pytest=("$venv/bin/pytest")
 junit() { echo "--junitxml=.run/timeline/junit-$1.xml"; }
 export EPD_E2E_VENV=$venv_e2e EPD_VLLM033_VENV=$venv_vllm033 EPD_VLLM034_VENV=$venv_vllm034
 # Beside the tiers, which mostly wait on their control planes and Mooncake processes: the copy of the images
-# into the node's containerd (the disk) and the vllm tier (vLLM's own parser in three subprocesses; its output is
-# printed once it is done).
+# into the node's containerd (the disk), KEDA's build and the vllm tier (vLLM's own parser in three subprocesses;
+# its output is printed once it is done).
 stage "images into the real node's containerd (beside the tiers)" -- "$venv/bin/python" -m epd_testenv.cli \
   preload-images > >(marked containerd) 2>&1 &
 preload=$!
@@ -62,10 +62,15 @@ vllm_log=.run/timeline/vllm.log
 stage "pytest: vllm (rendered argv through the three vLLMs, beside the tiers)" -- "${pytest[@]}" -p no:cacheprovider \
   --basetemp=.run/pytest-vllm -m vllm "$(junit vllm)" > "$vllm_log" 2>&1 &
 vllm_tier=$!
+# KEDA (only the real-pod autoscaling tests run it), the slowest Go build, beside the tiers too.
+stage "Go build: KEDA (beside the tiers)" -- env BUILD_GROUPS=keda hack/build-k8s-tools.sh "$bin_dir" \
+  > >(marked keda) 2>&1 &
+keda_build=$!
 stage "pytest: every tier but e2e (three runs side by side)" -- env PYTEST="${pytest[0]}" hack/tiers.sh || rc=$?
 wait "$vllm_tier" || rc=$?
 echo "---- pytest -m vllm (it ran beside the run above) ----"
 cat "$vllm_log"
+wait "$keda_build" || { rc=$?; echo "make test: the KEDA build failed (rc $rc)" >&2; exit "$rc"; }
 wait "$preload" || echo "make test: copying the images into containerd failed; the real-pod tier copies them" >&2
 stage "pytest: e2e (real vLLM, real pods)" -- "${pytest[@]}" -m e2e "$(junit e2e)" || rc=$?
 exit "$rc"

@@ -27,7 +27,7 @@ from epd_connectors.config.roles import Role
 from epd_operator.api import constants as c
 from epd_operator.derive import ports
 from epd_operator.render.pod import RUN_AS_USER
-from epd_testenv import cluster, layout, nodehost, process, realdeploy, realnode
+from epd_testenv import cluster, keda, layout, nodehost, process, realdeploy, realnode
 from tests.e2e.conftest import REPO, TIMINGS, progress
 from tests.e2e.pods.kube import Kubectl, condition, eventually
 from tests.e2e.test_local_e_p_d import Samples, samples
@@ -49,6 +49,8 @@ class RealCluster:
     local: cluster.Cluster
     kubectl: Kubectl
     helm: pathlib.Path
+    prometheus: keda.Prometheus
+    """What KEDA queries (the operator's --prometheus-url); it scrapes what a test names."""
 
     def helm_run(self, *args: str) -> str:
         env = layout.helm_env(self.local.kubeconfig, self.local.state_dir / "helm")
@@ -61,9 +63,10 @@ class RealCluster:
 
 @pytest.fixture(scope="package")
 def real_cluster(request: pytest.FixtureRequest) -> Iterator[RealCluster]:
-    """The cluster with its real node and the operator installed by `helm install charts/epd-operator`."""
+    """The cluster with its real node, KEDA and the Prometheus it queries (epd_testenv.keda), and the operator
+    installed by `helm install charts/epd-operator` pointed at that Prometheus."""
     say = progress(request.config)
-    for name in ("kube-apiserver", "kubelet", "kube-proxy", "coredns", "pause", "kubectl", "helm"):
+    for name in ("kube-apiserver", "kubelet", "kube-proxy", "coredns", "pause", "kubectl", "helm", "keda-operator"):
         layout.binary(name)
     state_dir, claim = layout.claim_state_dir(STATE_DIR)
     settings = cluster.Settings(real_node=realnode.NodeNetwork(), node_images=layout.real_node_images())
@@ -73,13 +76,21 @@ def real_cluster(request: pytest.FixtureRequest) -> Iterator[RealCluster]:
         began = time.monotonic()
         local.up()
         TIMINGS.add("real node: cluster up (images copied when rebuilt)", time.monotonic() - began)
+        prometheus = keda.Prometheus(state_dir / "prometheus")
+        autoscaler = keda.Keda(state_dir / "keda", local.kubeconfig, local.files.pki, realnode.NodeNetwork())
         try:
-            real = RealCluster(local, Kubectl(layout.binary("kubectl"), local.kubeconfig), layout.binary("helm"))
+            began = time.monotonic()
+            prometheus.start()
+            autoscaler.start()
+            TIMINGS.add("real node: Prometheus and KEDA serving external metrics", time.monotonic() - began)
+            kubectl = Kubectl(layout.binary("kubectl"), local.kubeconfig)
+            real = RealCluster(local, kubectl, layout.binary("helm"), prometheus)
             began = time.monotonic()
             real.helm_run(
                 "install", RELEASE, str(REPO / "charts" / "epd-operator"),
                 "--namespace", OPERATOR_NAMESPACE, "--create-namespace",
                 "--set-string", f"nodeSelector.{ESCAPED_NODE_LABEL}=true",
+                "--set", f"autoscaling.prometheusUrl={prometheus.url}",
                 "--wait", "--timeout", "180s",
             )  # fmt: skip
             TIMINGS.add("real node: helm install, operator Ready", time.monotonic() - began)
@@ -88,6 +99,8 @@ def real_cluster(request: pytest.FixtureRequest) -> Iterator[RealCluster]:
                 log = real.kubectl.run("logs", "-n", OPERATOR_NAMESPACE, f"deploy/{OPERATOR}", "--tail=60", check=False)
                 say(f"--- operator log tail ---\n{log}")
         finally:
+            autoscaler.stop()
+            prometheus.stop()
             local.down()
     left = nodehost.leftovers(realnode.NodeNetwork(), local.node_files)
     assert not left, f"the real node left these on the machine: {left}"

@@ -21,11 +21,8 @@ from __future__ import annotations
 
 import functools
 import json
-import threading
 import time
-import urllib.error
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +44,10 @@ from tests.e2e.pods.conftest import (
     workload,
 )
 from tests.e2e.pods.kube import eventually
+from tests.e2e.pods.traffic import LOAD, Load, loads, patch, pod_ready, roster
 from tests.e2e.test_local_e_p_d import (
     CASES,
     LONG_QUESTION,
-    Tokens,
     ask,
     assert_the_decode_computed_no_prompt_token,
     chat,
@@ -65,23 +62,12 @@ from tests.tiny_model import build as tiny_model_build
 
 pytestmark = [pytest.mark.e2e, pytest.mark.pods, pytest.mark.timeout(2400)]
 
-LOAD: list[list[dict[str, Any]] | str] = [
-    [image(31), text("What is this?")],
-    "Say something.",
-    [image(32), text("Go.")],
-]
-"""What the load sends, in turn."""
 ROLL_TIMEOUT_S = 1200.0
 OTHER_SEED = 2
 """The second model's weights seed (tools/tinymodel --seed): a second revision that answers differently."""
 STORE_BACK_S = 300.0
 LEADER_S = 300.0
 """A master's lease (5 s) lapses, a candidate wins and warms up (5 s), the operator reads it (every 15 s)."""
-LOAD_CLIENT_TIMEOUT_S = 600.0
-"""How long the load's client waits for an answer: the OpenAI Python client's default. The proxy's own stage
-limits (300 s) are the authority on a request that takes too long, and its error names the stage; the load's
-slowest answer is a figure of its own. On 2 slow cores a roll's new set answers its first requests while old
-pods still serve and stop, and one answer took over 120 s (2026-12-05, AMD EPYC family 23)."""
 TRANSFER_S = 240.0
 """How long a path's break or repair may take to show in TransferReady: two failed canaries (10 s each, 5 s
 apart) after at most one interval (60 s), or one passing canary after the backoff, and the operator's next
@@ -95,75 +81,10 @@ def epd(request: pytest.FixtureRequest, e_p_d_applied: Applied) -> Iterator[Real
         yield it
 
 
-@dataclass
-class Load:
-    """Requests sent one after another from a thread while a test changes the deployment."""
-
-    epd: RealEPD
-    expected: list[Tokens]
-    sent: int = 0
-    failed: list[str] = field(default_factory=list)
-    wrong: list[str] = field(default_factory=list)
-    answers: list[tuple[int, Tokens]] = field(default_factory=list)
-    """(index into LOAD, the answer) of every request answered."""
-    last_ok: float = 0.0
-    outage_s: float = 0.0
-    """The longest time between two successful requests."""
-    slowest_s: float = 0.0
-    """The longest time one request took, answered or not."""
-    _stop: threading.Event = field(default_factory=threading.Event)
-
-    def run(self) -> None:
-        self.last_ok = time.monotonic()
-        while not self._stop.is_set():
-            content = LOAD[self.sent % len(LOAD)]
-            want = self.expected[self.sent % len(LOAD)]
-            self.sent += 1
-            began = time.monotonic()
-            failure = None
-            try:
-                got = ask(self.epd.endpoint, chat(content), LOAD_CLIENT_TIMEOUT_S)
-            except urllib.error.HTTPError as error:  # the proxy's answer: its body names the stage and instance
-                failure = f"{error} (retry-after {error.headers.get('retry-after')}): {error.read()[:500]!r}"
-            except (urllib.error.URLError, OSError, json.JSONDecodeError) as error:
-                failure = str(error)
-            now = time.monotonic()
-            self.slowest_s = max(self.slowest_s, now - began)
-            if failure is not None:
-                self.failed.append(f"{time.strftime('%H:%M:%S')} {failure}")
-                time.sleep(0.5)
-                continue
-            self.outage_s = max(self.outage_s, now - self.last_ok)
-            self.last_ok = now
-            self.answers.append(((self.sent - 1) % len(LOAD), got))
-            if got != want:
-                self.wrong.append(f"{content!r}: {got}")
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def report(self, label: str) -> None:
-        """Its figures in the timeline, under `label` (what the test changed)."""
-        TIMINGS.count(f"real pods: {label}: failed of {self.sent} requests", len(self.failed))
-        TIMINGS.add(f"real pods: {label}: longest gap between answers", self.outage_s)
-        TIMINGS.add(f"real pods: {label}: slowest request", self.slowest_s)
-
-
 @pytest.fixture
 def load(epd: RealEPD, baseline: VllmInstance) -> Iterator[Load]:
-    expected = [tokens(baseline.post("/v1/chat/completions", chat(content))) for content in LOAD]
-    running = Load(epd, expected)
-    thread = threading.Thread(target=running.run, name="load", daemon=True)
-    thread.start()
-    try:
+    with loads(epd, baseline) as [running]:
         yield running
-    finally:
-        running.stop()
-        thread.join(timeout=300)
-
-
-def patch(epd: RealEPD, spec: dict[str, Any]) -> None:
-    epd.kubectl.run("patch", c.PLURAL, "-n", epd.namespace, epd.name, "--type=merge", "-p", json.dumps({"spec": spec}))
 
 
 def settled(epd: RealEPD) -> bool:
@@ -172,16 +93,11 @@ def settled(epd: RealEPD) -> bool:
     obj = epd.get()
     if not is_ready(obj) or obj["status"].get("observedGeneration") != obj["metadata"]["generation"]:
         return False
-    return all(not p["metadata"].get("deletionTimestamp") and (_is_master(p) or _ready(p)) for p in epd.pods())
+    return all(not p["metadata"].get("deletionTimestamp") and (_is_master(p) or pod_ready(p)) for p in epd.pods())
 
 
 def _is_master(pod: dict[str, Any]) -> bool:
     return bool(pod["metadata"]["labels"][c.LABEL_COMPONENT] == "master")
-
-
-def _ready(pod: dict[str, Any]) -> bool:
-    statuses = pod["status"].get("containerStatuses") or []
-    return bool(statuses) and all(s["ready"] for s in statuses)
 
 
 OPLOG_SETTLE_S = 2.0
@@ -192,17 +108,13 @@ etcd a moment after the leader lists it."""
 def masters(epd: RealEPD) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The leading master's pod (the one Ready) and the others."""
     pods = [p for p in epd.pods() if _is_master(p) and not p["metadata"].get("deletionTimestamp")]
-    leaders = [p for p in pods if _ready(p)]
+    leaders = [p for p in pods if pod_ready(p)]
     assert len(leaders) == 1, [(p["metadata"]["name"], p["status"].get("containerStatuses")) for p in pods]
     return leaders[0], [p for p in pods if p is not leaders[0]]
 
 
 def reported_leader(epd: RealEPD) -> str:
     return str((epd.get().get("status", {}).get("store") or {}).get("leader", ""))
-
-
-def roster(epd: RealEPD, role: str) -> float:
-    return total(epd.metrics(Role.PROXY), "epd_proxy_roster_instances", role=role, state="healthy")
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
@@ -279,7 +191,7 @@ def test_an_encoder_that_cannot_reach_the_prefill_is_routed_around_until_the_pat
         assert f"ec {_name(cut)} -> {_name(prefill)}" in message and "EC control ports" in message, message
         assert [(f["sender"], f["receiver"]) for f in failing] == [(_name(cut), _name(prefill))], failing
         assert _name(kept) not in message
-        assert all(_is_master(p) or _ready(p) for p in epd.pods()), "every pod Ready (a standby master never is)"
+        assert all(_is_master(p) or pod_ready(p) for p in epd.pods()), "every pod Ready (a standby master never is)"
         conditions = {x["type"]: x["status"] for x in epd.get()["status"]["conditions"]}
         assert all(conditions[kind] == "True" for kind in ROLE_CONDITIONS), conditions
         assert conditions["Ready"] == "False", conditions

@@ -7,8 +7,13 @@ encoder and the shared folder (ECExampleConnector on a hostPath)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, cast
@@ -19,10 +24,13 @@ from openai.types.chat import ChatCompletionChunk
 
 from epd_connectors.config.roles import Role
 from epd_connectors.vllm_plugins import cpu_amx_tiles
+from epd_operator.api import constants as c
+from epd_operator.render.autoscaling import prometheus_label
 from epd_testenv import realnode
 from tests.e2e.conftest import REPO, SERVED_MODEL, TIMINGS, VllmInstance
-from tests.e2e.pods.conftest import Applied, RealCluster, RealEPD, applied, ready
-from tests.e2e.pods.kube import condition
+from tests.e2e.pods.conftest import Applied, RealCluster, RealEPD, applied, ready, workload
+from tests.e2e.pods.kube import condition, eventually
+from tests.e2e.pods.traffic import LOAD, loads, patch, pod_ready, roster
 from tests.e2e.test_local_e_p_d import CASES, MAX_TOKENS, ask, chat, image, text, tokens, total
 from tests.unit.packaging.image_list import cpu_tags, tags
 
@@ -129,3 +137,223 @@ def test_the_official_openai_client_streams_the_baselines_answer(epd: RealEPD, b
 def test_kubectl_describe_shows_the_operators_events(epd: RealEPD, real_cluster: RealCluster) -> None:
     described = real_cluster.kubectl.run("describe", "epd", "-n", epd.namespace, epd.name)
     assert "Events:" in described and "<none>" not in described.split("Events:", 1)[1][:200], described[-1500:]
+
+
+# -- the encoders scale themselves (KEDA and the cluster's HPA controller, on the proxy's own gauges)
+
+HOLD_S = 300
+"""How long the proxy holds an image request while an encoder starts from zero (the tiny model loads in about a
+minute here)."""
+MAX_ENCODERS = 2
+AUTOSCALING = {
+    "minReplicas": 1,
+    "maxReplicas": MAX_ENCODERS,
+    "signals": [{"signal": "inFlight", "target": 0.2}],
+    "pollingSeconds": 2,
+    "scaleDown": {"stabilizationSeconds": 20, "periodSeconds": 15},
+    "holdSeconds": HOLD_S,
+}
+"""Encoders on their default signal (the proxy's requests outstanding at them, averaged over 30 s) with a target
+the tiny model's fast encoder reaches under the load below; quick steps down, so the test waits less (a
+deployment keeps the defaults: 300 s)."""
+CONCURRENT_LOADS = 4
+"""Clients sending one after another each: enough that the encoder always has work outstanding."""
+SCALE_S = 600.0
+"""Until a scaling step shows: a new encoder loads the model in about a minute here, more while others start."""
+TEXT_ONLY: list[list[dict[str, Any]] | str] = ["Say something.", "Count to three."]
+
+
+@dataclass
+class Figures:
+    """What bench/autoscale prints: kept in the JSON file EPD_AUTOSCALE_FIGURES names, when it names one."""
+
+    path: Path | None
+
+    def record(self, **figures: float) -> None:
+        if self.path is None:
+            return
+        known = json.loads(self.path.read_text()) if self.path.exists() else {}
+        self.path.write_text(json.dumps({**known, **figures}, indent=2))
+
+
+@pytest.fixture(scope="module")
+def figures() -> Figures:
+    named = os.environ.get("EPD_AUTOSCALE_FIGURES")
+    return Figures(Path(named) if named else None)
+
+
+def encoder_deployment(epd: RealEPD) -> dict[str, Any]:
+    found: dict[str, Any] = epd.kubectl.json("get", "deployment", "-n", epd.namespace, workload(epd.name, Role.ENCODER))
+    return found
+
+
+def encoder_pods(epd: RealEPD) -> list[dict[str, Any]]:
+    return [p for p in epd.pods() if p["metadata"]["labels"][c.LABEL_COMPONENT] == Role.ENCODER.value]
+
+
+@dataclass
+class Replicas:
+    """The encoder Deployment's replicas read every second from a thread: each change and when it came."""
+
+    epd: RealEPD
+    changes: list[tuple[float, int]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        while not self._stop.wait(1.0):
+            with contextlib.suppress(AssertionError, KeyError):  # a read that failed: the next one counts
+                count = int(encoder_deployment(self.epd)["spec"].get("replicas", 1))
+                if not self.changes or self.changes[-1][1] != count:
+                    self.changes.append((time.monotonic(), count))
+
+    @property
+    def counts(self) -> list[int]:
+        return [count for _, count in self.changes]
+
+    def at(self, count: int, after: float) -> float | None:
+        """When the replicas became `count`, after `after` (time.monotonic)."""
+        return next((t for t, n in self.changes if n == count and t >= after), None)
+
+
+@contextlib.contextmanager
+def watching(epd: RealEPD) -> Iterator[Replicas]:
+    replicas = Replicas(epd)
+    thread = threading.Thread(target=replicas.run, name="replicas", daemon=True)
+    thread.start()
+    try:
+        yield replicas
+    finally:
+        replicas._stop.set()
+        thread.join(timeout=30)
+
+
+def scrape_the_proxy(epd: RealEPD, real_cluster: RealCluster) -> None:
+    """Prometheus scrapes the proxy through the tests' port-forward, labelled as the chart's PodMonitor labels
+    the proxy's series, so the ScaledObject's query (rendered for a real cluster) selects them."""
+    labels = {
+        "namespace": epd.namespace,
+        prometheus_label(c.LABEL_DEPLOYMENT): epd.name,
+        prometheus_label(c.LABEL_ROLE): Role.PROXY.value,
+    }
+    real_cluster.prometheus.scrape({epd.endpoint.removeprefix("http://"): labels})
+
+
+def encoder_signal(epd: RealEPD, real_cluster: RealCluster) -> float | None:
+    """The value KEDA reads now: the query of the encoder ScaledObject's trigger, through the same Prometheus."""
+    scaled = epd.kubectl.json("get", "scaledobject", "-n", epd.namespace, workload(epd.name, Role.ENCODER))
+    [trigger] = scaled["spec"]["triggers"]
+    result = real_cluster.prometheus.query(trigger["metadata"]["query"])
+    return float(result[0]["value"][1]) if result else None
+
+
+def operator_owns_replicas(epd: RealEPD) -> bool:
+    fields = encoder_deployment(epd)["metadata"].get("managedFields", [])
+    return any(f["manager"] == c.FIELD_MANAGER and "f:replicas" in f["fieldsV1"].get("f:spec", {}) for f in fields)
+
+
+def autoscaling_condition(epd: RealEPD) -> dict[str, Any]:
+    found = condition(epd.get(), c.COND_AUTOSCALING)
+    assert found is not None, epd.get()["status"].get("conditions")
+    return found
+
+
+def start_seconds(pod: dict[str, Any]) -> float:
+    """From the pod's creation to its Ready condition (the API's timestamps, whole seconds)."""
+    ready = condition(pod, "Ready")
+    assert ready is not None and ready["status"] == "True", pod["status"]
+    return (timestamp(ready["lastTransitionTime"]) - timestamp(pod["metadata"]["creationTimestamp"])).total_seconds()
+
+
+def replica_seconds(changes: list[tuple[float, int]], start: float, end: float) -> float:
+    """The replicas' integral over [start, end], from the changes seen (each holds until the next)."""
+    total_s, count, since = 0.0, changes[0][1] if changes else 0, start
+    for at, new in changes:
+        if at > since:
+            total_s += count * (min(at, end) - since)
+            since = min(at, end)
+        count = new
+    return total_s + count * max(end - since, 0.0)
+
+
+def test_the_encoders_grow_to_two_under_load_and_back_to_one_when_it_stops(
+    epd: RealEPD, baseline: VllmInstance, real_cluster: RealCluster, figures: Figures
+) -> None:
+    scrape_the_proxy(epd, real_cluster)
+    first_encoder = {p["metadata"]["name"] for p in encoder_pods(epd)}
+    patch(epd, {"encoder": {"autoscaling": AUTOSCALING}})
+    eventually(lambda: autoscaling_condition(epd)["status"] == "True", "KEDA's HPA reporting (Autoscaling True)", 120)
+    assert {p["metadata"]["name"] for p in encoder_pods(epd)} == first_encoder, "turning autoscaling on rolled"
+    assert encoder_signal(epd, real_cluster) is not None, "Prometheus has no series for the encoder's signal"
+    with watching(epd) as replicas:
+        began = time.monotonic()
+        with loads(epd, baseline, LOAD, CONCURRENT_LOADS) as running:
+            eventually(lambda: roster(epd, "encoder") == 2, "the proxy routing to 2 encoders", SCALE_S)
+            routed = time.monotonic()
+            [new_encoder] = [p for p in encoder_pods(epd) if p["metadata"]["name"] not in first_encoder]
+            served = sum(len(load.answers) for load in running)
+            eventually(lambda: sum(len(load.answers) for load in running) >= served + len(LOAD), "answers with 2", 120)
+            assert not operator_owns_replicas(epd), "the operator applies the replicas the HPA moves"
+        stopped = time.monotonic()
+        eventually(lambda: len(encoder_pods(epd)) == 1, "back to 1 encoder after the load", SCALE_S)
+        back = time.monotonic()
+    scaled = replicas.at(2, began)
+    assert scaled is not None, replicas.changes
+    TIMINGS.add("real pods, autoscaled: load on, until the HPA asks for 2 encoders", scaled - began)
+    TIMINGS.add("real pods, autoscaled: load on, until the proxy routes to 2 encoders", routed - began)
+    TIMINGS.add("real pods, autoscaled: load off, until 1 encoder is left", back - stopped)
+    own_start = start_seconds(new_encoder)
+    TIMINGS.add("real pods, autoscaled: the new encoder's own start (pod created to Ready)", own_start)
+    used = replica_seconds(replicas.changes, began, back)
+    figures.record(
+        routed_s=routed - began,
+        own_start_s=own_start,
+        requests=sum(load.sent for load in running),
+        failed=sum(len(load.failed) for load in running),
+        replica_seconds=used,
+        fixed_fleet_replica_seconds=MAX_ENCODERS * (back - began),
+        scale_down_s=back - stopped,
+    )
+    for i, load in enumerate(running):
+        load.report(f"autoscaled 1 -> 2 -> 1, client {i}")
+    failed = [f for load in running for f in load.failed]
+    wrong = [w for load in running for w in load.wrong]
+    assert not failed and not wrong, (failed, wrong)
+    assert replicas.counts == [1, 2, 1], f"the replicas moved {replicas.changes} (flapping)"
+
+
+def test_text_only_traffic_lets_the_encoders_go_to_zero_and_one_image_wakes_one(
+    epd: RealEPD, baseline: VllmInstance, real_cluster: RealCluster, figures: Figures
+) -> None:
+    proxy_before = {p["metadata"]["name"] for p in epd.pods() if p["metadata"]["labels"][c.LABEL_COMPONENT] == "proxy"}
+    patch(epd, {"encoder": {"autoscaling": {"minReplicas": 0}}})
+
+    def proxy_replaced() -> bool:  # the proxy's bundle now says how long to hold a media request: it rolled
+        pods = [p for p in epd.pods() if p["metadata"]["labels"][c.LABEL_COMPONENT] == "proxy"]
+        return len(pods) == 1 and pods[0]["metadata"]["name"] not in proxy_before and pod_ready(pods[0])
+
+    eventually(proxy_replaced, "the proxy rolled with encoders that may go to 0", SCALE_S, poll_s=2)
+    epd.forget(Role.PROXY)  # the forward followed the old pod
+    epd.endpoint = epd.url(Role.PROXY)
+    scrape_the_proxy(epd, real_cluster)
+    with watching(epd) as replicas, loads(epd, baseline, TEXT_ONLY, 1) as [text_load]:
+        began = time.monotonic()
+        eventually(lambda: not encoder_pods(epd), "no encoder left under text-only traffic", SCALE_S)
+        gone = time.monotonic()
+        answered = len(text_load.answers)
+        eventually(lambda: len(text_load.answers) > answered, "a text answer with no encoder", 120)
+    assert not text_load.failed and not text_load.wrong, (text_load.failed, text_load.wrong)
+    TIMINGS.add("real pods, autoscaled: text only, until no encoder is left", gone - began)
+    assert replicas.counts[-1] == 0, replicas.changes
+
+    content: list[dict[str, Any]] = [image(41), text("What is in this image?")]
+    expected = tokens(baseline.post("/v1/chat/completions", chat(content)))
+    asked = time.monotonic()
+    got = ask(epd.endpoint, chat(content), timeout_s=HOLD_S + 60)
+    woken = time.monotonic() - asked
+    TIMINGS.add("real pods, autoscaled: an image at 0 encoders, until answered", woken)
+    figures.record(to_zero_s=gone - began, woken_s=woken)
+    assert got == expected
+    # KEDA wakes one; the HPA then reads the held request against this test's low target (1 / 0.2 per encoder)
+    # and may ask for the most. With the default target (4) one request keeps one encoder.
+    assert 1 <= len(encoder_pods(epd)) <= MAX_ENCODERS
+    assert not operator_owns_replicas(epd)

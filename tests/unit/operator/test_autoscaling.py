@@ -74,7 +74,9 @@ def test_an_autoscaled_role_gets_a_scaled_object_and_a_workload_without_replicas
         'role="encoder"',
     ):
         assert matcher in query
-    assert query.startswith("sum(epd_proxy_backend_in_flight{")
+    # Averaged over 30 s: an instant count read every 15 s by the HPA would read a busy encoder as idle.
+    assert query.startswith("sum(avg_over_time(epd_proxy_backend_in_flight{") and "}[30s])) + sum(" in query
+    assert "cooldownPeriod" not in scaled["spec"]  # only KEDA's step to 0 waits on it
     assert "replicas" not in one(desired, "Deployment", "demo-encoder")["spec"]
     assert one(desired, "Deployment", "demo-pd")["spec"]["replicas"] == 2  # not autoscaled: as before
     encoder = next(w for w in desired.workloads if w.role == Role.ENCODER)
@@ -223,8 +225,13 @@ def test_encoders_that_may_go_to_zero_are_held_for_by_the_proxy_and_woken_by_wha
     proxy = bundles_of(desired)["demo-proxy"].proxy
     assert proxy is not None and proxy.encoder_wake_s == 90.0
     query = one(desired, "ScaledObject", "demo-encoder")["spec"]["triggers"][0]["metadata"]["query"]
-    assert query.startswith("sum(epd_proxy_backend_in_flight{") and "+ sum(epd_proxy_requests_waiting{" in query
-    assert one(desired, "ScaledObject", "demo-encoder")["spec"]["minReplicaCount"] == 0
+    # The requests held count at once (not averaged): the first one wakes an encoder.
+    assert query.startswith("sum(avg_over_time(epd_proxy_backend_in_flight{")
+    assert query.endswith('+ sum(epd_proxy_requests_waiting{namespace="serving", epd_serving_io_deployment="demo", '
+                          'epd_serving_io_role="proxy", role="encoder"})')  # fmt: skip
+    scaled = one(desired, "ScaledObject", "demo-encoder")["spec"]
+    # KEDA's own step to 0 waits the role's scale-down window (the default 300 s), not KEDA's own default.
+    assert (scaled["minReplicaCount"], scaled["cooldownPeriod"]) == (0, 300)
     # A set of a new model revision does not wait for encoders that may be at zero.
     assert "encoder" not in model_roles(desired.workloads)
     # Encoders that never go below 1 are required, and the proxy never holds a request for one.

@@ -45,6 +45,9 @@ _VLLM_SERIES: Final = {
 }
 TTFT_QUANTILE: Final = 0.9
 TTFT_WINDOW: Final = "1m"
+IN_FLIGHT_WINDOW: Final = "30s"
+"""inFlight is averaged over this window: the proxy's gauge is an instant count, and an HPA reading it every
+15 s would see a busy role idle between two requests and scale it down under load."""
 
 
 def signals(unit: Unit, spec: AutoscalingSpec) -> tuple[ScalingSignal, ...]:
@@ -81,9 +84,10 @@ def promql(ctx: Context, unit: Unit, signal: ScalingSignal) -> str:
         return signal.query
     own = _matchers(_series_labels(ctx, unit, signal))
     if signal.signal == "inFlight":
-        if unit.role == Role.ENCODER:  # at zero encoders, the media requests the proxy holds are what wakes them
-            return f"sum(epd_proxy_backend_in_flight{{{own}}}) + sum(epd_proxy_requests_waiting{{{own}}})"
-        return f"sum(epd_proxy_backend_in_flight{{{own}}})"
+        in_flight = f"sum(avg_over_time(epd_proxy_backend_in_flight{{{own}}}[{IN_FLIGHT_WINDOW}]))"
+        if unit.role == Role.ENCODER:  # at zero encoders the media requests the proxy holds wake them, at once
+            return f"{in_flight} + sum(epd_proxy_requests_waiting{{{own}}})"
+        return in_flight
     if signal.signal == "kvCacheUsage":
         return f"avg({_VLLM_SERIES['kvCacheUsage']}{{{own}}})"
     if signal.signal == "timeToFirstToken":
@@ -114,6 +118,12 @@ def _target(unit: Unit, workload_kind: str) -> dict[str, str]:
     return {"apiVersion": "apps/v1", "kind": workload_kind, "name": unit.name}
 
 
+def _cooldown(spec: AutoscalingSpec) -> dict[str, int]:
+    """KEDA's own scale-down to 0 (the HPA stops at 1) waits `cooldownPeriod` after the role was last active
+    (300 s unless set): the role's scale-down window, so both steps down follow the one setting."""
+    return {"cooldownPeriod": spec.scale_down.stabilization_seconds} if spec.min_replicas == 0 else {}
+
+
 def render_scaled_object(ctx: Context, unit: Unit, spec: AutoscalingSpec, prometheus_url: str) -> dict[str, Any]:
     """A KEDA ScaledObject: one Prometheus trigger per signal; KEDA makes the HPA (keda-hpa-<name>)."""
     triggers = [
@@ -133,6 +143,7 @@ def render_scaled_object(ctx: Context, unit: Unit, spec: AutoscalingSpec, promet
             "scaleTargetRef": _target(unit, "Deployment"),
             "pollingInterval": spec.polling_seconds,
             "minReplicaCount": spec.min_replicas,
+            **_cooldown(spec),
             "maxReplicaCount": spec.max_replicas,
             "advanced": {"horizontalPodAutoscalerConfig": {"behavior": _behavior(spec)}},
             "triggers": triggers,

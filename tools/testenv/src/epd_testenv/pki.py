@@ -219,3 +219,26 @@ def generate(directory: pathlib.Path, *, extra_ips: tuple[str, ...] = (), real_n
         sa_key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     )
     return pki
+
+
+def issue(pki: Pki, name: str, dns_names: tuple[str, ...], ips: tuple[str, ...]) -> tuple[pathlib.Path, pathlib.Path]:
+    """A certificate signed by the cluster's CA for a server that is also a client of its peers (KEDA's operator
+    and metrics server talk mutual TLS with one pair); (NAME.crt, NAME.key) in the PKI folder."""
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    ca_name = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes()).subject
+    key = _new_key()
+    alt_names: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
+    alt_names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+    cert = (
+        _builder(_name(name), ca_name, key)
+        .add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    _write_key(pki.client_key(name), key)
+    _write_cert(pki.client_cert(name), cert)
+    return pki.client_cert(name), pki.client_key(name)

@@ -50,13 +50,19 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def start(name: str, argv: list[str], log_dir: pathlib.Path) -> Running:
-    """Start one process in its own session (so Ctrl-C in the caller's terminal leaves it alone)."""
+def start(name: str, argv: list[str], log_dir: pathlib.Path, env: dict[str, str] | None = None) -> Running:
+    """Start one process in its own session (so Ctrl-C in the caller's terminal leaves it alone); `env` adds to
+    this process's environment."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{name}.log"
     with log.open("ab") as out:
         process = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **env} if env else None,
         )
     _children[process.pid] = process
     _wait_for_exec(process)

@@ -3,7 +3,12 @@ proxy; each is a container of the built images started by epd-launch from its mo
 its readiness probe passes. Through `kubectl port-forward svc/local-e-pd-proxy` the answers equal the session's
 single-instance baseline token for token (one image, two images, the same image twice, text only, an image sent
 again; streamed and not, one streamed through the official `openai` client); every image went through the
-encoder and the shared folder (ECExampleConnector on a hostPath)."""
+encoder and the shared folder (ECExampleConnector on a hostPath).
+
+Last, its encoders scale themselves: KEDA (built from its Go module, beside the cluster) and the cluster's HPA
+controller, on the proxy's own gauges in the tier's Prometheus. Under load they grow 1 -> 2 and go back to 1 when
+it stops; under text-only traffic they go to 0, and an image request waits for one and is answered. Every answer
+is the baseline's, and the figures feed bench/autoscale."""
 
 from __future__ import annotations
 
@@ -206,6 +211,9 @@ class Replicas:
                 if not self.changes or self.changes[-1][1] != count:
                     self.changes.append((time.monotonic(), count))
 
+    def stop(self) -> None:
+        self._stop.set()
+
     @property
     def counts(self) -> list[int]:
         return [count for _, count in self.changes]
@@ -223,7 +231,7 @@ def watching(epd: RealEPD) -> Iterator[Replicas]:
     try:
         yield replicas
     finally:
-        replicas._stop.set()
+        replicas.stop()
         thread.join(timeout=30)
 
 
@@ -283,7 +291,8 @@ def test_the_encoders_grow_to_two_under_load_and_back_to_one_when_it_stops(
     patch(epd, {"encoder": {"autoscaling": AUTOSCALING}})
     eventually(lambda: autoscaling_condition(epd)["status"] == "True", "KEDA's HPA reporting (Autoscaling True)", 120)
     assert {p["metadata"]["name"] for p in encoder_pods(epd)} == first_encoder, "turning autoscaling on rolled"
-    assert encoder_signal(epd, real_cluster) is not None, "Prometheus has no series for the encoder's signal"
+    # Prometheus reads its targets file at once and scrapes every second: the signal's series comes within seconds.
+    eventually(lambda: encoder_signal(epd, real_cluster) is not None, "the encoder's signal in Prometheus", 60)
     with watching(epd) as replicas:
         began = time.monotonic()
         with loads(epd, baseline, LOAD, CONCURRENT_LOADS) as running:

@@ -9,8 +9,8 @@
 #   prometheus  the dashboard and alert tests' Prometheus (without discovery providers: static targets only)
 #   keda/    KEDA's CRDs (ScaledObject and the rest) from its Go module, for the tests' API servers
 #   keda-operator, keda-adapter  KEDA itself (its operator and external-metrics API server), for the real-pod
-#            autoscaling tests; the slowest group (about 6 min with the modules downloaded), so `make test` builds
-#            it apart (BUILD_GROUPS=keda) beside the tiers that do not need it
+#            autoscaling tests; the slowest group after kube (6 min on an empty build cache), so `make test` builds
+#            it apart (BUILD_GROUPS=keda) while the set-up and the tiers, which do not need it, go on
 # No package registry ships these servers, so they are built from the official Go modules. A group is rebuilt
 # only when its inputs change (its module files, this script, the Go version): a stamp per group holds their
 # hash, so a warm run costs a few hashes and prints nothing.

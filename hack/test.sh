@@ -32,6 +32,12 @@ setup "disk space" -- hack/check-disk.sh "$venv" "$venv_e2e" "$venv_vllm033" "$v
 stage "Go builds (control plane, kwok, helm, CoreDNS, Prometheus)" -- env BUILD_GROUPS=core \
   hack/build-k8s-tools.sh "$bin_dir" > >(marked go) 2>&1 &
 go_builds=$!
+# KEDA (only the real-pod tier runs it; a cold build is 12 CPU-minutes) once the control plane is built: beside
+# the rest of the set-up and the tiers, waited for only before e2e.
+stage "Go build: KEDA (after the other Go builds, beside the set-up and the tiers)" -- \
+  bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 2; done; BUILD_GROUPS=keda exec hack/build-k8s-tools.sh "$2"' \
+  keda "$go_builds" "$bin_dir" > >(marked keda) 2>&1 &
+keda_build=$!
 # One apt run for everything: the tests' packages and the daemonless image build's.
 setup "apt" -- hack/setup-apt.sh buildah mmdebstrap runc podman
 setup "virtualenv $venv" -- hack/setup-python.sh "$venv"
@@ -53,7 +59,7 @@ pytest=("$venv/bin/pytest")
 junit() { echo "--junitxml=.run/timeline/junit-$1.xml"; }
 export EPD_E2E_VENV=$venv_e2e EPD_VLLM033_VENV=$venv_vllm033 EPD_VLLM034_VENV=$venv_vllm034
 # Beside the tiers, which mostly wait on their control planes and Mooncake processes: the copy of the images
-# into the node's containerd (the disk), KEDA's build and the vllm tier (vLLM's own parser in three subprocesses;
+# into the node's containerd (the disk) and the vllm tier (vLLM's own parser in three subprocesses;
 # its output is printed once it is done).
 stage "images into the real node's containerd (beside the tiers)" -- "$venv/bin/python" -m epd_testenv.cli \
   preload-images > >(marked containerd) 2>&1 &
@@ -62,10 +68,6 @@ vllm_log=.run/timeline/vllm.log
 stage "pytest: vllm (rendered argv through the three vLLMs, beside the tiers)" -- "${pytest[@]}" -p no:cacheprovider \
   --basetemp=.run/pytest-vllm -m vllm "$(junit vllm)" > "$vllm_log" 2>&1 &
 vllm_tier=$!
-# KEDA (only the real-pod autoscaling tests run it), the slowest Go build, beside the tiers too.
-stage "Go build: KEDA (beside the tiers)" -- env BUILD_GROUPS=keda hack/build-k8s-tools.sh "$bin_dir" \
-  > >(marked keda) 2>&1 &
-keda_build=$!
 stage "pytest: every tier but e2e (three runs side by side)" -- env PYTEST="${pytest[0]}" hack/tiers.sh || rc=$?
 wait "$vllm_tier" || rc=$?
 echo "---- pytest -m vllm (it ran beside the run above) ----"

@@ -36,9 +36,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import json
 import re
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -108,9 +110,14 @@ def post(url: str, body: dict[str, Any], timeout_s: float = REQUEST_TIMEOUT_S) -
     request = urllib.request.Request(
         url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
     )
-    with urllib.request.urlopen(request, timeout=timeout_s) as response:
-        data: bytes = response.read()
-        return data
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            data: bytes = response.read()
+            return data
+    except urllib.error.HTTPError as error:  # the proxy's body names the stage and the instance: keep it in sight
+        payload = error.read()
+        reason = f"{error.reason}: {payload[:500]!r}"
+        raise urllib.error.HTTPError(error.url, error.code, reason, error.headers, io.BytesIO(payload)) from None
 
 
 def ask(endpoint: str, body: dict[str, Any], timeout_s: float = REQUEST_TIMEOUT_S) -> Tokens:

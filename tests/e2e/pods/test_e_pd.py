@@ -192,8 +192,12 @@ def encoder_deployment(epd: RealEPD) -> dict[str, Any]:
     return found
 
 
+def role_pods(epd: RealEPD, role: Role) -> list[dict[str, Any]]:
+    return [p for p in epd.pods() if p["metadata"]["labels"][c.LABEL_COMPONENT] == role.value]
+
+
 def encoder_pods(epd: RealEPD) -> list[dict[str, Any]]:
-    return [p for p in epd.pods() if p["metadata"]["labels"][c.LABEL_COMPONENT] == Role.ENCODER.value]
+    return role_pods(epd, Role.ENCODER)
 
 
 @dataclass
@@ -333,11 +337,11 @@ def test_the_encoders_grow_to_two_under_load_and_back_to_one_when_it_stops(
 def test_text_only_traffic_lets_the_encoders_go_to_zero_and_one_image_wakes_one(
     epd: RealEPD, baseline: VllmInstance, real_cluster: RealCluster, figures: Figures
 ) -> None:
-    proxy_before = {p["metadata"]["name"] for p in epd.pods() if p["metadata"]["labels"][c.LABEL_COMPONENT] == "proxy"}
+    proxy_before = {p["metadata"]["name"] for p in role_pods(epd, Role.PROXY)}
     patch(epd, {"encoder": {"autoscaling": {"minReplicas": 0}}})
 
     def proxy_replaced() -> bool:  # the proxy's bundle now says how long to hold a media request: it rolled
-        pods = [p for p in epd.pods() if p["metadata"]["labels"][c.LABEL_COMPONENT] == "proxy"]
+        pods = role_pods(epd, Role.PROXY)
         return len(pods) == 1 and pods[0]["metadata"]["name"] not in proxy_before and pod_ready(pods[0])
 
     eventually(proxy_replaced, "the proxy rolled with encoders that may go to 0", SCALE_S, poll_s=2)

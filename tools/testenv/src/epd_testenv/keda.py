@@ -158,11 +158,7 @@ class Keda:
             names.append(body["metadata"]["name"])
 
         def established() -> bool:
-            for name in names:
-                conditions = client.get(f"{path}/{name}").get("status", {}).get("conditions", [])
-                if not any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
-                    return False
-            return True
+            return all(_condition_true(client.get(f"{path}/{name}"), "Established") for name in names)
 
         _wait(established, "KEDA's CRDs established", 30, [])
 
@@ -186,9 +182,7 @@ class Keda:
 
     @staticmethod
     def _available(client: api.Client) -> bool:
-        found = client.get(f"/apis/apiregistration.k8s.io/v1/apiservices/{API_SERVICE}")
-        conditions = found.get("status", {}).get("conditions", [])
-        return any(c["type"] == "Available" and c["status"] == "True" for c in conditions)
+        return _condition_true(client.get(f"/apis/apiregistration.k8s.io/v1/apiservices/{API_SERVICE}"), "Available")
 
     def stop(self) -> None:
         """Stops both processes; the objects go with the cluster."""
@@ -228,6 +222,10 @@ def _api_service_objects(address: str, port: int, ca_cert: pathlib.Path) -> list
         (f"/apis/discovery.k8s.io/v1/namespaces/{NAMESPACE}/endpointslices", endpoints),
         ("/apis/apiregistration.k8s.io/v1/apiservices", api_service),
     ]
+
+
+def _condition_true(obj: dict[str, Any], kind: str) -> bool:
+    return any(c["type"] == kind and c["status"] == "True" for c in obj.get("status", {}).get("conditions", []))
 
 
 def _wait(ready: Callable[[], bool], what: str, timeout_s: float, running: list[process.Running]) -> None:

@@ -283,7 +283,7 @@ def test_a_deleted_decode_pod_is_replaced_and_traffic_recovers(epd: RealEPD, loa
     assert not load.wrong, load.wrong
     # While the only decode is gone, the proxy says so and when to come back: a 503 naming the decode (from the
     # stage that found none, or from the wait for a model revision with a whole set), never a 502 or a hang.
-    told = f"HTTP Error 503: Service Unavailable (retry-after {errors.RETRY_AFTER_S})"
+    told = f"HTTP 503 (retry-after {errors.RETRY_AFTER_S})"
     named = ("no healthy decode", "decode none healthy")
     assert all(told in f and any(n in f for n in named) for f in load.failed), load.failed
 

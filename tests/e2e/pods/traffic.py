@@ -61,7 +61,7 @@ class Load:
             try:
                 got = ask(self.epd.endpoint, chat(content), LOAD_CLIENT_TIMEOUT_S)
             except urllib.error.HTTPError as error:  # the proxy's answer: its body names the stage and instance
-                failure = f"{error} (retry-after {error.headers.get('retry-after')}): {error.read()[:500]!r}"
+                failure = f"HTTP {error.code} (retry-after {error.headers.get('retry-after')}): {error.read()[:500]!r}"
             except (urllib.error.URLError, OSError, json.JSONDecodeError) as error:
                 failure = str(error)
             now = time.monotonic()

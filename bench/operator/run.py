@@ -11,17 +11,20 @@ nodes with 320 simulated GPUs), with `epd-operator` running as a subprocess on l
    all 71 deployments Ready and nothing changing. Goal: 0.
 4. The operator's peak RSS (VmHWM from /proc) over all of it. Goal: <= 115 MB (the figure of 2026-12-03).
 
-Prints a table. Only the apiserver and the operator's own metrics/liveness endpoints are ever contacted.
+Prints a table, then where the fifty's cost goes against the floor's: each process's CPU seconds, and the API
+requests and watch events (the API server's own counters) whose counts differ most. Only the apiserver and the operator's own metrics/liveness endpoints are ever contacted.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import os
+import re
 import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,6 +44,7 @@ from tests.cluster.operator_fixtures import (
     Operator,
     condition,
     example,
+    prometheus_samples,
 )
 
 STATE_DIR = layout.repo_root() / ".run" / "bench-operator"
@@ -154,13 +158,50 @@ def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
     return used
 
 
-def spent(pids: dict[str, int], phase: Callable[[], float]) -> tuple[float, dict[str, float]]:
-    """`phase`'s seconds, and the CPU seconds each process used meanwhile: with every core busy in both phases
-    (as on the 2-core machines here), the difference between the operator's run and the floor is this work."""
-    before = cpu_seconds(pids)
+_COUNTED = re.compile(r"^(apiserver_request_total|apiserver_watch_events_total)\{(.*)\}$")
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def api_requests(kube: Kube) -> Counter[str]:
+    """The API server's requests so far, by verb and resource, and the watch events it sent, by kind (its own
+    counters, every client)."""
+    raw = kube.api.call_api("GET", kube.api.configuration.host + "/metrics", _request_timeout=30).read()  # type: ignore[no-untyped-call]
+    counts: Counter[str] = Counter()
+    for name, value in prometheus_samples(raw.decode()).items():
+        if (found := _COUNTED.match(name)) is None:
+            continue
+        labels = dict(_LABEL.findall(found.group(2)))
+        if found.group(1) == "apiserver_watch_events_total":
+            counts[f"watch event {labels.get('resource') or labels.get('kind')}"] += int(value)
+        else:
+            resource = "/".join(x for x in (labels.get("resource"), labels.get("subresource")) if x)
+            counts[f"{labels.get('verb')} {resource}"] += int(value)
+    return counts
+
+
+def spent(kube: Kube, pids: dict[str, int], phase: Callable[[], float]) -> tuple[float, dict[str, float], Counter[str]]:
+    """`phase`'s seconds, the CPU seconds each process used meanwhile (with every core busy in both phases, as on
+    the 2-core machines here, the difference between the operator's run and the floor is this work), and the API
+    requests it made."""
+    before, requests = cpu_seconds(pids), api_requests(kube)
     seconds = phase()
     after = cpu_seconds(pids)
-    return seconds, {name: after[name] - before[name] for name in pids}
+    requests = api_requests(kube) - requests
+    return seconds, {name: after[name] - before[name] for name in pids}, requests
+
+
+def print_costs(cpu: tuple[dict[str, float], dict[str, float]], requests: tuple[Counter[str], Counter[str]]) -> None:
+    """The CPU seconds and the API requests of the fifty against the floor's: where the difference goes."""
+    print(f"CPU seconds used (the machine has {os.cpu_count()} cores):")
+    print(f"  {'process':40} {'50 at once':>10} {'floor':>8}")
+    for name in cpu[0]:
+        print(f"  {name:40} {cpu[0][name]:>10.1f} {cpu[1].get(name, 0.0):>8.1f}")
+    print(f"  {'all':40} {sum(cpu[0].values()):>10.1f} {sum(cpu[1].values()):>8.1f}")
+    print("API requests and watch events sent (every client), the largest differences:")
+    differences = sorted(requests[0].keys() | requests[1].keys(), key=lambda k: -abs(requests[0][k] - requests[1][k]))
+    for what in differences[:16]:
+        print(f"  {what:40} {requests[0][what]:>10} {requests[1][what]:>8}")
+    print(f"  {'all':40} {sum(requests[0].values()):>10} {sum(requests[1].values()):>8}")
 
 
 def writes(metrics: dict[str, float]) -> float:
@@ -202,14 +243,16 @@ def main() -> int:
         became_ready = [r[1] for r in runs]
         assert operator.process is not None
         pids = {p.name: p.pid for p in process.load(STATE_DIR)[0]}
-        all_fifty, fifty_cpu = spent({**pids, "operator": operator.process.pid}, lambda: fifty(kube))
+        all_fifty, fifty_cpu, fifty_requests = spent(
+            kube, {**pids, "operator": operator.process.pid}, lambda: fifty(kube)
+        )
         before = writes(operator.metrics())
         time.sleep(STEADY_S)
         metrics = operator.metrics()
         steady = writes(metrics) - before
         rss_mb = operator.rss_kib() / 1024
         operator.stop()
-        control_plane, floor_cpu = spent(pids, lambda: floor(kube))
+        control_plane, floor_cpu, floor_requests = spent(kube, pids, lambda: floor(kube))
     finally:
         if operator is not None:
             operator.stop()
@@ -251,11 +294,7 @@ def main() -> int:
         unit = "" if "RSS" in label or "writes" in label else " s"
         p95_text = f"{high:.2f}{unit}" if high is not None else "-"
         print(f"{label:44} {value:>10.2f}{unit:2} {p95_text:>8}  {goal:10} {'yes' if met else 'NO'}")
-    print(f"CPU seconds used (the machine has {os.cpu_count()} cores):")
-    print(f"  {'process':26} {'50 at once':>10} {'floor':>8}")
-    for name in fifty_cpu:
-        print(f"  {name:26} {fifty_cpu[name]:>10.1f} {floor_cpu.get(name, 0.0):>8.1f}")
-    print(f"  {'all':26} {sum(fifty_cpu.values()):>10.1f} {sum(floor_cpu.values()):>8.1f}")
+    print_costs((fifty_cpu, floor_cpu), (fifty_requests, floor_requests))
     count = metrics["epd_operator_reconcile_duration_seconds_count"]
     print(f"mean reconcile (operator metric): {mean_reconcile * 1000:.0f} ms over {count:.0f} reconciles")
     print(f"status writes: {metrics.get('epd_operator_status_writes_total', 0):.0f}")

@@ -40,6 +40,8 @@ class Controller:
         if event_type == "DELETED":
             self.runtime.world.forget(key)
         else:
+            if event_type == "ADDED":
+                self.runtime.world.created.add(key)
             kept = {k: v for k, v in body["metadata"].items() if k != "managedFields"}  # never read
             self.runtime.world.deployments[key] = {
                 "metadata": kept,

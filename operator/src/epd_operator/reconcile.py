@@ -113,9 +113,12 @@ async def _apply(rt: Runtime, state: DeploymentState, touched: Touched) -> tuple
         return await repairs.repair(rt, state, touched)
     owner = replace(state.owner, generation=generation) if generation is not None else state.owner
     began = time.perf_counter()
+    # Only a first try may skip the listing: after anything was applied (or tried), the watches show the children.
+    first = state.desired is None and state.refused_generation is None and not state.failed_applies
+    unclaimed = first and rt.world.unclaimed(state.key, [apply.key_of(o) for o in candidate.objects])
     try:
         async with rt.syncs:
-            result = await apply.sync(rt.client, owner, candidate.objects, rt.applied)
+            result = await apply.sync(rt.client, owner, candidate.objects, rt.applied, unclaimed=unclaimed)
     except apply.NameConflictError as exc:
         log.warning("%s/%s: name conflict, nothing applied: %s", *state.key, exc)
         rt.metrics.errors.labels("NameConflict").inc()

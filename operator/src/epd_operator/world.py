@@ -2,12 +2,13 @@
 
 The watches write here and enqueue the deployment; only the pass acts on it. Per EPDDeployment: its body as last
 seen, the children that changed or went since the last pass (for drift repairs), its model pods (for revision
-gates) and the last reading of its master and proxy; per workload: its last state, for status.
+gates) and the last reading of its master and proxy; per workload: its last state, for status; per child: the
+deployment it belongs to, so a new deployment's first apply knows its names are free without a listing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -66,6 +67,12 @@ class World:
     pod listing may come first, and a pod whose containers are up while its gate is closed sends no more events)."""
     readings: dict[tuple[Key, str], Any] = field(default_factory=dict)
     """(deployment, "store" or "transfers") -> the last reading of its master or proxy (module polling)."""
+    children: dict[ChildKey, str] = field(default_factory=dict)
+    """Every child the watches have shown and not seen go, with the EPDDeployment its label names: which names
+    are taken, without asking the API server (`unclaimed`)."""
+    created: set[Key] = field(default_factory=set)
+    """The EPDDeployments this process saw created (a watch's ADDED event, not its first listing): the child
+    watches ran before each of them existed."""
 
     def remember(self, key: ChildKey, body: Mapping[str, Any], *, watched: bool) -> None:
         """Keep the newest state of child `key` if it is a workload (status reads no other kind).
@@ -85,7 +92,12 @@ class World:
         self.workloads[key] = trim(body)
 
     def child_seen(self, deleted: bool, key: ChildKey, body: dict[str, Any], owners: list[Key]) -> None:
-        """A child's watch event: its workload state, and a touch for each deployment that may act on it."""
+        """A child's watch event: its workload state, whether its name is taken, and a touch for each deployment
+        that may act on it."""
+        if deleted:
+            self.children.pop(key, None)
+        else:
+            self.children[key] = str((body.get("metadata", {}).get("labels") or {}).get(c.LABEL_DEPLOYMENT, ""))
         if key[0] in KEPT_KINDS:
             if not deleted:
                 self.remember(key, body, watched=True)
@@ -109,12 +121,20 @@ class World:
             pods[facts.name] = replace(facts, gate_open=True) if known is not None and known.gate_open else facts
         return key
 
+    def unclaimed(self, key: Key, names: Iterable[ChildKey]) -> bool:
+        """Whether deployment `key` was created while the child watches ran and they have shown no child of it
+        and no object of `names` (its desired children): its first apply needs no listing."""
+        if key not in self.created or any(name in self.children for name in names):
+            return False
+        return not any(k[1] == key[0] and owner == key[1] for k, owner in self.children.items())
+
     def take_touched(self, key: Key) -> dict[ChildKey, dict[str, Any] | None]:
         return self.touched.pop(key, {})
 
     def forget(self, key: Key) -> None:
         """The EPDDeployment is gone: everything kept for it (its workloads go through their own events)."""
         self.deployments.pop(key, None)
+        self.created.discard(key)
         self.touched.pop(key, None)
         self.model_pods.pop(key, None)
         for slot in ("store", "transfers"):

@@ -326,6 +326,60 @@ def test_a_name_conflict_is_reported_and_tried_again_once_the_object_is_gone() -
     assert ready_condition(api).reason != "NameConflict"
 
 
+def _listings(api: Api) -> list[str]:
+    return [path for method, path in api.requests if method == "GET" and path != EPD_PATH]
+
+
+def test_a_deployment_created_while_the_watches_run_is_applied_without_listing_its_children() -> None:
+    api = Api()
+    rt, _ = runtime(api)
+
+    async def scenario() -> None:
+        rt.deployment_seen("ADDED", body())
+        await rt.queue.idle()
+
+    asyncio.run(scenario())
+    assert _listings(api) == [], "the watches have shown no child of it and no object of its children's names"
+    assert api.objects["/apis/apps/v1/namespaces/ns/deployments/demo-encoder"]["metadata"]["labels"]
+    assert ready_condition(api).reason != "NameConflict"
+
+
+def test_a_listed_deployment_and_one_whose_child_names_are_taken_list_before_applying() -> None:
+    listed, taken = Api(), Api()
+    from_listing, _ = runtime(listed)
+    created, events = runtime(taken)
+    path = "/apis/apps/v1/namespaces/ns/deployments/demo-encoder"
+    theirs = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": "demo-encoder",
+            "namespace": "ns",
+            "uid": "theirs",
+            "labels": {c.LABEL_DEPLOYMENT: "other", c.LABEL_MANAGED_BY: c.MANAGED_BY},
+            "ownerReferences": [
+                {"apiVersion": c.API_VERSION, "kind": c.KIND, "name": "other", "uid": "u-9", "controller": True}
+            ],
+        },
+        "spec": {"replicas": 5},
+    }
+    taken.objects[path] = {**theirs, "_content": ""}
+
+    async def scenario() -> None:
+        from_listing.deployment_seen(None, body())  # a watch's first listing: it may predate the child watches
+        await from_listing.queue.idle()
+        await child_seen(created, None, "Deployment", theirs)
+        created.deployment_seen("ADDED", body())
+        await created.queue.idle()
+
+    asyncio.run(scenario())
+    assert _listings(listed), "a deployment from the first listing is listed"
+    assert _listings(taken), "a name the watches saw taken is checked"
+    assert taken.objects[path]["spec"] == {"replicas": 5}, "theirs, untouched"
+    assert ready_condition(taken).reason == "NameConflict"
+    assert ("warn", "NameConflict") in events
+
+
 def test_a_restarted_operator_counts_every_stored_phase() -> None:
     rt, _ = runtime(Api())
     stored = {

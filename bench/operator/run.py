@@ -12,7 +12,8 @@ nodes with 320 simulated GPUs), with `epd-operator` running as a subprocess on l
 4. The operator's peak RSS (VmHWM from /proc) over all of it. Goal: <= 115 MB (the figure of 2026-12-03).
 
 Prints a table, then where the fifty's cost goes against the floor's: each process's CPU seconds, and the API
-requests and watch events (the API server's own counters) whose counts differ most. Only the apiserver and the operator's own metrics/liveness endpoints are ever contacted.
+requests and watch events (the API server's own counters) whose counts differ most. Only the apiserver and the
+operator's own metrics/liveness endpoints are ever contacted.
 """
 
 from __future__ import annotations

@@ -20,13 +20,13 @@ EPDDeployment (uid), so a stray object that merely carries the labels is never d
 
 Nothing is ever applied over an object another EPDDeployment controls: before the first write of a sync, every
 desired child the label listing did not find is read by name, and when one exists under another EPDDeployment's
-controller reference, `sync` applies nothing at all and raises `NameConflictError` (see `conflicts`). A caller
-that knows the names are free skips the listing and the reads (`unclaimed`): the first sync of an EPDDeployment
-created while the child watches ran, when they have shown no child of it and no object of its children's names.
-Fifty deployments created at once otherwise cost the API server 2,000 listings. Applying
+controller reference, `sync` applies nothing at all and raises `NameConflictError` (see `conflicts`). Applying
 it would take the object over (the same field manager owns it), and deleting the newcomer would then
 garbage-collect the other deployment's object. Names are unique by construction (`derive.names.Names`), so this
-guards against what a future name pattern or a hand-made object could still bring about.
+guards against what a future name pattern or a hand-made object could still bring about. A caller that knows the
+names are free skips the listing and the reads (`unclaimed`): the first sync of an EPDDeployment created while the
+child watches ran, when they have shown no child of it and no object of its children's names (fifty deployments
+created at once otherwise cost the API server 2,000 listings).
 """
 
 from __future__ import annotations

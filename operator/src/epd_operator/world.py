@@ -67,9 +67,9 @@ class World:
     pod listing may come first, and a pod whose containers are up while its gate is closed sends no more events)."""
     readings: dict[tuple[Key, str], Any] = field(default_factory=dict)
     """(deployment, "store" or "transfers") -> the last reading of its master or proxy (module polling)."""
-    children: dict[ChildKey, str] = field(default_factory=dict)
-    """Every child the watches have shown and not seen go, with the EPDDeployment its label names: which names
-    are taken, without asking the API server (`unclaimed`)."""
+    children: dict[ChildKey, Key | None] = field(default_factory=dict)
+    """Every child the watches have shown and not seen go, with the EPDDeployment it belongs to: which names are
+    taken, without asking the API server (`unclaimed`)."""
     created: set[Key] = field(default_factory=set)
     """The EPDDeployments this process saw created (a watch's ADDED event, not its first listing): the child
     watches ran before each of them existed."""
@@ -97,7 +97,7 @@ class World:
         if deleted:
             self.children.pop(key, None)
         else:
-            self.children[key] = str((body.get("metadata", {}).get("labels") or {}).get(c.LABEL_DEPLOYMENT, ""))
+            self.children[key] = owners[0] if owners else None
         if key[0] in KEPT_KINDS:
             if not deleted:
                 self.remember(key, body, watched=True)
@@ -126,7 +126,7 @@ class World:
         and no object of `names` (its desired children): its first apply needs no listing."""
         if key not in self.created or any(name in self.children for name in names):
             return False
-        return not any(k[1] == key[0] and owner == key[1] for k, owner in self.children.items())
+        return key not in self.children.values()
 
     def take_touched(self, key: Key) -> dict[ChildKey, dict[str, Any] | None]:
         return self.touched.pop(key, {})

@@ -248,7 +248,8 @@ class Replicas:
 
 @contextlib.contextmanager
 def watching(epd: RealEPD, real_cluster: RealCluster) -> Iterator[Replicas]:
-    replicas = Replicas(epd, lambda: encoder_signal(epd, real_cluster))
+    query = encoder_query(epd)
+    replicas = Replicas(epd, lambda: signal(real_cluster, query))
     thread = threading.Thread(target=replicas.run, name="replicas", daemon=True)
     thread.start()
     try:
@@ -269,11 +270,16 @@ def scrape_the_proxy(epd: RealEPD, real_cluster: RealCluster) -> None:
     real_cluster.prometheus.scrape({epd.endpoint.removeprefix("http://"): labels})
 
 
-def encoder_signal(epd: RealEPD, real_cluster: RealCluster) -> float | None:
-    """The value KEDA reads now: the query of the encoder ScaledObject's trigger, through the same Prometheus."""
+def encoder_query(epd: RealEPD) -> str:
+    """The query of the encoder ScaledObject's trigger: what KEDA asks Prometheus."""
     scaled = epd.kubectl.json("get", "scaledobject", "-n", epd.namespace, workload(epd.name, Role.ENCODER))
     [trigger] = scaled["spec"]["triggers"]
-    result = real_cluster.prometheus.query(trigger["metadata"]["query"])
+    return str(trigger["metadata"]["query"])
+
+
+def signal(real_cluster: RealCluster, query: str) -> float | None:
+    """The value KEDA reads now, through the same Prometheus."""
+    result = real_cluster.prometheus.query(query)
     return float(result[0]["value"][1]) if result else None
 
 
@@ -315,7 +321,8 @@ def test_the_encoders_grow_to_two_under_load_and_back_to_one_when_it_stops(
     eventually(lambda: autoscaling_condition(epd)["status"] == "True", "KEDA's HPA reporting (Autoscaling True)", 120)
     assert {p["metadata"]["name"] for p in encoder_pods(epd)} == first_encoder, "turning autoscaling on rolled"
     # Prometheus reads its targets file at once and scrapes every second: the signal's series comes within seconds.
-    eventually(lambda: encoder_signal(epd, real_cluster) is not None, "the encoder's signal in Prometheus", 60)
+    query = encoder_query(epd)
+    eventually(lambda: signal(real_cluster, query) is not None, "the encoder's signal in Prometheus", 60)
     with watching(epd, real_cluster) as replicas:
         began = time.monotonic()
         with loads(epd, baseline, LOAD, CONCURRENT_LOADS) as running:

@@ -289,24 +289,29 @@ def test_a_refused_apply_is_reported_in_ready_for_its_generation(refusal: _kube.
     assert [e for e in events if e[0] == "warn"] == [("warn", "ApplyFailed")]
 
 
-def test_a_name_conflict_is_reported_and_tried_again_once_the_object_is_gone() -> None:
-    api = Api()
-    rt, events = runtime(api)
-    path = "/apis/apps/v1/namespaces/ns/deployments/demo-encoder"
-    theirs = {
+def their_encoder(label: str) -> dict[str, Any]:
+    """A Deployment named as demo's encoder, controlled by EPDDeployment "other" (labelled `label`)."""
+    return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {
             "name": "demo-encoder",
             "namespace": "ns",
             "uid": "theirs",
-            "labels": {c.LABEL_DEPLOYMENT: "demo-x", c.LABEL_MANAGED_BY: c.MANAGED_BY},
+            "labels": {c.LABEL_DEPLOYMENT: label, c.LABEL_MANAGED_BY: c.MANAGED_BY},
             "ownerReferences": [
                 {"apiVersion": c.API_VERSION, "kind": c.KIND, "name": "other", "uid": "u-9", "controller": True}
             ],
         },
         "spec": {"replicas": 5},
     }
+
+
+def test_a_name_conflict_is_reported_and_tried_again_once_the_object_is_gone() -> None:
+    api = Api()
+    rt, events = runtime(api)
+    path = "/apis/apps/v1/namespaces/ns/deployments/demo-encoder"
+    theirs = their_encoder(label="demo-x")
     api.objects[path] = {**theirs, "_content": ""}
 
     async def scenario() -> None:
@@ -349,20 +354,7 @@ def test_a_listed_deployment_and_one_whose_child_names_are_taken_list_before_app
     from_listing, _ = runtime(listed)
     created, events = runtime(taken)
     path = "/apis/apps/v1/namespaces/ns/deployments/demo-encoder"
-    theirs = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {
-            "name": "demo-encoder",
-            "namespace": "ns",
-            "uid": "theirs",
-            "labels": {c.LABEL_DEPLOYMENT: "other", c.LABEL_MANAGED_BY: c.MANAGED_BY},
-            "ownerReferences": [
-                {"apiVersion": c.API_VERSION, "kind": c.KIND, "name": "other", "uid": "u-9", "controller": True}
-            ],
-        },
-        "spec": {"replicas": 5},
-    }
+    theirs = their_encoder(label="other")
     taken.objects[path] = {**theirs, "_content": ""}
 
     async def scenario() -> None:

@@ -8,7 +8,8 @@ nodes with 320 simulated GPUs), with `epd-operator` running as a subprocess on l
 2. 50 such deployments posted at once: until all 50 are Ready, against the control-plane floor of the same run
    (the same objects applied with no operator). Goal: within 1.3x the floor. Two rounds of each, in the order
    operator, floor, floor, operator, so that a cluster growing slower with every round weighs on both alike; the
-   ratio is of their sums (one round of each ranged 1.13-1.76x on one day).
+   ratio is of their sums (one round of each ranged 1.13-1.76x on one day). Every round has a namespace of its
+   own: the controllers' work per pod grows with the Services and PodDisruptionBudgets beside it.
 3. Steady state: the operator's writes (status writes, applies that changed something, repairs) over 20 s with
    all 71 deployments Ready and nothing changing. Goal: 0.
 4. The operator's peak RSS (VmHWM from /proc) after the first round, holding 71 deployments as when the goal was
@@ -60,9 +61,10 @@ ROUNDS = 2
 POOL = nodes.NodePool(count=28, gpus=32)
 """896 GPUs and 3,080 pod slots: room for the 21 sequential runs and the rounds, 50 deployments of the operator and
 50 of the floor each (4 GPUs and 7 pods a deployment), none deleted before the end."""
+FIFTY_NAMESPACE = f"{NAMESPACE_PREFIX}fifty-{{round}}"
+"""Created before the operator starts, so its watches run there before the first deployment comes."""
 FLOOR_NAMESPACE = "epd-floor-{round}"
 """Outside the operator's namespaces (NAMESPACE_PREFIX), so it keeps running, idle, while the floor is measured."""
-ROUND_LABEL = "bench.epd.serving.io/round"
 GOALS = {"children": 1.0, "ready": 1.0, "fifty_over_floor": 1.3, "steady_writes": 0, "rss_mb": 115.0}
 STEADY_S = 20.0
 WRITES = (
@@ -73,11 +75,9 @@ WRITES = (
 """The operator's own writes, as its metrics count them (a repair is counted per kind and cause: summed)."""
 
 
-def spec(name: str, round_: int | None = None) -> dict[str, Any]:
+def spec(name: str, namespace: str = NAMESPACE) -> dict[str, Any]:
     """Two encoders, one prefill, one decode, a standalone store with one small client, one proxy."""
-    doc = example(layout.repo_root() / "examples" / "e-p-d-store-offload.yaml", NAMESPACE, name)
-    if round_ is not None:
-        doc["metadata"].setdefault("labels", {})[ROUND_LABEL] = str(round_)
+    doc = example(layout.repo_root() / "examples" / "e-p-d-store-offload.yaml", namespace, name)
     s = doc["spec"]
     s["encoder"]["replicas"] = 2
     s["prefill"].update(replicas=1, additionalPools=[])
@@ -113,12 +113,17 @@ def one_run(kube: Kube, name: str, children: int) -> tuple[float, float]:
     return created, ready_at
 
 
+def create_namespace(kube: Kube, name: str) -> None:
+    kube.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+
+
 def fifty(kube: Kube, round_: int) -> float:
+    collection = EPD_PATH.format(ns=FIFTY_NAMESPACE.format(round=round_))
     began = time.perf_counter()
     for i in range(AT_ONCE):
-        kube.request("POST", EPD_PATH.format(ns=NAMESPACE), spec(f"many-{round_}-{i}", round_))
+        kube.request("POST", collection, spec(f"many-{i}", FIFTY_NAMESPACE.format(round=round_)))
     while True:
-        items = kube.items(EPD_PATH.format(ns=NAMESPACE) + f"?labelSelector={ROUND_LABEL}={round_}")
+        items = kube.items(collection)
         if sum(1 for x in items if ready(x)) == AT_ONCE:
             return time.perf_counter() - began
         if time.perf_counter() - began > 300:
@@ -130,12 +135,10 @@ def floor(kube: Kube, round_: int) -> float:
     """The control plane alone: the same 50 deployments' objects applied directly (8 at a time, no operator),
     until every workload is ready. The operator cannot beat this; the difference is its own cost."""
     namespace = FLOOR_NAMESPACE.format(round=round_)
-    kube.request(
-        "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
-    )
+    create_namespace(kube, namespace)
     objects = []
     for i in range(AT_ONCE):
-        doc = spec(f"floor-{round_}-{i}")
+        doc = spec(f"many-{i}", namespace)
         desired = render_desired(
             Owner(doc["metadata"]["name"], namespace, f"uid-{i}"), parse_spec(doc["spec"]), OperatorDefaults()
         )
@@ -267,9 +270,8 @@ def main() -> int:
             "application/apply-patch+yaml",
         )
         time.sleep(2.0)  # the CRD's storage comes up a moment after it is established
-        kube.request(
-            "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
-        )
+        for namespace in (NAMESPACE, *(FIFTY_NAMESPACE.format(round=r) for r in range(ROUNDS))):
+            create_namespace(kube, namespace)
         log = Path(tempfile.mkdtemp(prefix="epd-bench-operator-")) / "operator.log"
         operator = Operator(local.kubeconfig, log)
         operator.start()

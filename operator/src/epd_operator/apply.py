@@ -404,16 +404,15 @@ it holds, and the API server cannot check a Role that does not exist yet (404)."
 
 
 def _batches(objects: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """Consecutive non-workload objects form one batch (sent at once); each workload is a batch of its own,
-    so workloads start in the render's order (store, encoders, language-model roles, proxy last) and after
-    the ConfigMaps and Services they use. A RoleBinding starts a batch after its Role's."""
+    """Consecutive workloads form one batch, and so do consecutive other objects (each batch sent at once): the
+    workloads start together, after the ConfigMaps and Services they use and before their autoscalers. A
+    RoleBinding starts a batch after its Role's."""
     batches: list[list[dict[str, Any]]] = []
     for obj in objects:
         after = _FOLLOWS.get(obj["kind"])
         if (
-            obj["kind"] in WORKLOAD_KINDS
-            or not batches
-            or batches[-1][-1]["kind"] in WORKLOAD_KINDS
+            not batches
+            or (obj["kind"] in WORKLOAD_KINDS) != (batches[-1][-1]["kind"] in WORKLOAD_KINDS)
             or (after is not None and any(o["kind"] == after for o in batches[-1]))
         ):
             batches.append([obj])

@@ -258,13 +258,14 @@ def test_a_status_write_racing_a_no_op_apply_is_no_write() -> None:
     assert result.written == [] and not result.changed
 
 
-def test_workloads_follow_the_objects_they_use_in_order() -> None:
-    batches = apply._batches(desired())
+def test_workloads_start_together_after_the_objects_they_use_and_before_their_autoscalers() -> None:
+    meta = {"name": "e", "namespace": "ns"}
+    hpa = {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": meta}
+    batches = apply._batches([*desired(), hpa])
     assert [[o["kind"] for o in b] for b in batches] == [
         ["ConfigMap", "ConfigMap", "Service"],
-        ["Deployment"],
-        ["Deployment"],
-        ["Deployment"],
+        ["Deployment", "Deployment", "Deployment"],
+        ["HorizontalPodAutoscaler"],
     ]
     api = FakeApi()
     sync(api, desired(), apply.Applied())

@@ -55,7 +55,12 @@ def test_the_watch_reports_the_store_and_turns_store_ready_with_the_master(moonc
     rt.runtime.world.deployments[KEY] = body()
     applied = Desired([], derived, WORKLOADS)
     rt.states[KEY] = DeploymentState(
-        owner_of_body(body()), EPDDeploymentStatus(), rendered_generation=1, desired=applied, synced_generation=1
+        owner_of_body(body()),
+        EPDDeploymentStatus(),
+        EPDDeploymentStatus(),
+        rendered_generation=1,
+        desired=applied,
+        synced_generation=1,
     )
     for w in WORKLOADS:
         rt.runtime.world.remember((w.kind, "ns", w.name), ready(w), watched=True)

@@ -3,8 +3,9 @@ pass per deployment at a time (module reconcile) and keeps the state each pass r
 
 As controller-runtime's watches enqueue a child's owner, a child's event enqueues the deployment that controls it
 (and one whose apply it blocked by name); a model pod's, the deployment it serves; a reading that changed, the
-deployment read. Workload events and readings come in bursts (created, scheduled, ready), so they enqueue after
-`STATUS_DELAY_S` and share one pass and one status write; anything else enqueues at once.
+deployment read. Events and readings come in bursts (a deployment's children created, its pods scheduled and
+ready), so they enqueue after `STATUS_DELAY_S` and share one pass; a deletion, or a change to the deployment
+itself, enqueues at once.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from epd_operator import _kube, apply, reconcile
+from epd_operator import _kube, reconcile
 from epd_operator.metrics import Metrics
 from epd_operator.polling import Polls
 from epd_operator.runtime import Runtime
@@ -22,8 +23,8 @@ from epd_operator.workqueue import WorkQueue
 from epd_operator.world import Key, World, owner_key
 
 STATUS_DELAY_S = 0.2
-"""Workload events and readings this close together share one pass: each status write costs the API server
-more than the wait costs."""
+"""Events and readings this close together share one pass: a pass per event (the echo of each child applied,
+each pod's step) cost the operator more than the wait costs."""
 
 
 class Controller:
@@ -59,7 +60,7 @@ class Controller:
         if deleted:
             owners += [k for k, state in self.states.items() if key in state.blocking and k not in owners]
         self.runtime.world.child_seen(deleted, key, obj, owners)
-        delay = STATUS_DELAY_S if kind in apply.WORKLOAD_KINDS and not deleted else 0.0
+        delay = 0.0 if deleted else STATUS_DELAY_S
         for owner in owners:
             self.queue.add(owner, delay)
 
@@ -67,7 +68,7 @@ class Controller:
         """A model pod came, changed or went: its revision may be complete now."""
         key = self.runtime.world.pod_seen(event_type == "DELETED", pod)
         if key is not None:
-            self.queue.add(key)
+            self.queue.add(key, STATUS_DELAY_S)
 
     async def _pass(self, key: Key) -> float | None:
         try:

@@ -28,7 +28,12 @@ class DeploymentState:
     """The object as last acted on: its generation is the one status reports (applied, or found invalid,
     blocked or refused; a spec whose apply failed for a while still reports the previous one)."""
     status: EPDDeploymentStatus
+    """As last computed (or read from the object when first seen): what the next computation starts from, so a
+    condition's lastTransitionTime is when it flipped even where the write came later (module publish)."""
+    written: EPDDeploymentStatus
     """As last written (or read from the object when first seen)."""
+    written_at: float | None = None
+    """When this process last wrote the status (monotonic seconds); None: not yet."""
     rendered_generation: int | None = None
     """The generation `candidate` and `problems` are the render of (a spec is rendered once)."""
     candidate: Desired | None = None
@@ -72,7 +77,7 @@ def from_body(body: Mapping[str, Any]) -> DeploymentState:
     """A deployment seen for the first time; its readings kept from its status until the first new one, so a
     restart does not blank them."""
     written = status.parse(body.get("status"))
-    return DeploymentState(owner_of_body(body), written, store=written.store, transfers=written.transfers)
+    return DeploymentState(owner_of_body(body), written, written, store=written.store, transfers=written.transfers)
 
 
 def wanted(desired: Desired | None, key: ChildKey) -> dict[str, Any] | None:

@@ -400,6 +400,22 @@ def flips(previous: EPDDeploymentStatus, current: EPDDeploymentStatus) -> list[C
     return [x for x in current.conditions if before.get(x.type) != x.status]
 
 
+def urgent(written: EPDDeploymentStatus, new: EPDDeploymentStatus) -> bool:
+    """Whether `new` must replace `written` at once: the first status, a new generation, Ready flipped or with a
+    new reason (a conflict gone, an apply refused), or a condition that held and no longer does. Anything else is
+    progress (counts, messages, a role coming up)."""
+    if not written.conditions or new.observed_generation != written.observed_generation:
+        return True
+    before = {x.type: x for x in written.conditions}
+    for x in new.conditions:
+        old = before.get(x.type)
+        if old is None or (old.status == "True" and x.status != "True"):
+            return True
+        if x.type == c.COND_READY and (old.status, old.reason) != (x.status, x.reason):
+            return True
+    return False
+
+
 def parse(raw: dict[str, Any] | None) -> EPDDeploymentStatus:
     """The status as stored on the object; an empty one when absent or unreadable (we then rewrite it)."""
     try:

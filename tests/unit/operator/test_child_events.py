@@ -108,7 +108,7 @@ def test_a_pruned_child_is_not_restored() -> None:
 def test_repairs_of_one_child_are_paced() -> None:
     api = Api()
     rt, _ = runtime(api)
-    rt.runtime.pacer.burst, rt.runtime.pacer.interval_s = 2, 0.3
+    rt.runtime.pacer.burst, rt.runtime.pacer.interval_s = 2, 1.0
 
     async def scenario() -> list[int]:
         await seen(rt, body())
@@ -117,7 +117,7 @@ def test_repairs_of_one_child_are_paced() -> None:
         for _ in range(4):  # a writer that keeps undoing ours
             await child_seen(rt, "MODIFIED", "ConfigMap", edit_by_hand(api))
             counts.append(len(api.writes()))
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(1.5)
         counts.append(len(api.writes()))
         return counts
 

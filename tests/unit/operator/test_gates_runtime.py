@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from epd_operator import _kube
+from epd_operator import _kube, controller
 from epd_operator.api import constants as c
 from epd_operator.controller import Controller
 from tests.unit.operator.test_status_runtime import Api, body, runtime, seen
@@ -48,7 +48,9 @@ def pod(name: str, role: str, *, up: bool, revision: str = REVISION) -> dict[str
 
 
 async def pod_seen(ctl: Controller, event_type: str, model_pod: dict[str, Any]) -> None:
+    """A model pod's watch event, and the pass it brings (after `controller.STATUS_DELAY_S`)."""
     ctl.pod_seen(event_type, model_pod)
+    await asyncio.sleep(controller.STATUS_DELAY_S)
     await ctl.queue.idle()
 
 

@@ -227,3 +227,24 @@ def test_redundant_names_each_serving_role_with_one_replica_over_its_pools() -> 
     assert "encoder has one replica: losing its pod stops media requests" in next(
         x.message for x in single_encoder.conditions if x.type == c.COND_REDUNDANT
     )
+
+
+def test_only_a_first_status_a_new_generation_ready_or_a_condition_lost_is_urgent() -> None:
+    """Everything else is progress, which publish writes at most once per interval."""
+    coming = [status.observe(w, live(w, ready=0)) for w in PD]
+    written = status.compute(facts(coming))
+    assert status.urgent(EPDDeploymentStatus(), written), "the first status"
+    one_up = [status.observe(w, live(w, ready=1 if w.role == Role.PROXY else 0)) for w in PD]
+    progress = status.compute(facts(one_up, previous=written))
+    assert cond(progress, c.COND_PROXY_READY) == ("True", status.REASON_READY)
+    assert not status.urgent(written, progress), "a role coming up, counts and messages"
+    assert status.urgent(written, status.compute(facts(one_up, previous=written, generation=3))), "a new spec"
+    ready = status.compute(facts(all_ready(PD), previous=progress))
+    assert status.urgent(progress, ready), "Ready flipped"
+    lost = status.compute(facts(one_up, previous=ready))
+    assert status.urgent(ready, lost), "a condition that held no longer does"
+    blocked = status.compute(
+        replace(facts(coming, previous=written), blocked=(status.REASON_NAME_CONFLICT, "in the way"))
+    )
+    assert cond(blocked, c.COND_READY)[0] == cond(written, c.COND_READY)[0] == "False"
+    assert status.urgent(written, blocked) and status.urgent(blocked, written), "Ready's reason changed"

@@ -11,7 +11,7 @@ from typing import Any, cast
 import pytest
 from prometheus_client import CollectorRegistry
 
-from epd_operator import _kube, controller, reconcile, repairs, status
+from epd_operator import _kube, controller, publish, reconcile, repairs, status
 from epd_operator.api import constants as c
 from epd_operator.metrics import Metrics
 from epd_operator.settings import Settings
@@ -88,8 +88,11 @@ async def seen(ctl: controller.Controller, deployment: dict[str, Any]) -> None:
 
 
 async def child_seen(ctl: controller.Controller, event_type: str | None, kind: str, obj: dict[str, Any]) -> None:
-    """A child's watch event, and the passes due at once."""
+    """A child's watch event, and the pass it brings (a deletion's at once, any other after the coalescing
+    window)."""
     ctl.child_seen(event_type, kind, obj)
+    if event_type != "DELETED":
+        await asyncio.sleep(controller.STATUS_DELAY_S)
     await ctl.queue.idle()
 
 
@@ -133,7 +136,8 @@ def test_workload_events_drive_status_to_ready_in_one_coalesced_write() -> None:
     async def scenario() -> None:
         await seen(rt, body())
         for name in ("demo-encoder", "demo-pd", "demo-proxy"):
-            await child_seen(rt, "MODIFIED", "Deployment", workload(api, name, ready=1))
+            rt.child_seen("MODIFIED", "Deployment", workload(api, name, ready=1))
+            await rt.queue.idle()
         assert len(api.status_writes) == 1  # the burst waits for the coalescing window
         await asyncio.sleep(controller.STATUS_DELAY_S + 0.2)
         assert len(api.status_writes) == 2
@@ -141,6 +145,30 @@ def test_workload_events_drive_status_to_ready_in_one_coalesced_write() -> None:
         assert ready.phase == "Ready" and ready.roles_ready["pd"] == "1/1"
 
     asyncio.run(scenario())
+    assert ("info", c.COND_READY) in events
+
+
+def test_progress_is_written_once_per_interval_and_ready_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(publish, "PROGRESS_INTERVAL_S", 1.0)
+    api = Api()
+    rt, events = runtime(api)
+
+    async def scenario() -> None:
+        await seen(rt, body())  # the first status: at once
+        rt.child_seen("MODIFIED", "Deployment", workload(api, "demo-encoder", ready=1))
+        await asyncio.sleep(controller.STATUS_DELAY_S + 0.1)
+        assert len(api.status_writes) == 1, "progress waits for its turn"
+        assert rt.queue.due(KEY) is not None, "and comes back for it"
+        while len(api.status_writes) == 1:
+            await asyncio.sleep(0.05)
+        assert status.parse(api.status_writes[-1]).roles_ready["encoder"] == "1/1"
+        for name in ("demo-pd", "demo-proxy"):
+            rt.child_seen("MODIFIED", "Deployment", workload(api, name, ready=1))
+        await asyncio.sleep(controller.STATUS_DELAY_S + 0.2)
+        assert len(api.status_writes) == 3, "Ready within the interval: at once"
+        assert status.parse(api.status_writes[-1]).phase == "Ready"
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))
     assert ("info", c.COND_READY) in events
 
 
@@ -236,7 +264,8 @@ def test_api_failures_are_retried_by_the_queue() -> None:
     )
 
 
-def test_a_failed_apply_keeps_reporting_the_previous_generation() -> None:
+def test_a_failed_apply_keeps_reporting_the_previous_generation(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(publish, "PROGRESS_INTERVAL_S", 0.0)  # the count below is progress: written at once
     api = Api()
     rt, _ = runtime(api)
 

@@ -22,8 +22,8 @@ RETRY_STATUS_S = 2.0
 
 PROGRESS_INTERVAL_S = 5.0
 """The least time between two writes of progress alone (counts, messages, a role coming up). Fifty deployments
-coming up at once otherwise wrote five statuses each, which cost the API server more than any other request the
-operator adds to theirs (bench/operator)."""
+coming up at once otherwise wrote five statuses each (bench/operator), and each is an update of the whole custom
+resource, checked against its schema and its CEL rules."""
 
 ANNOUNCED = frozenset({c.COND_VALID, c.COND_READY})
 """Conditions announced by an Event when they turn True; any condition is announced when it turns False."""

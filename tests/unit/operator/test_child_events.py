@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from epd_operator import _kube, apply
+from epd_operator import _kube, apply, controller
 from tests.unit.operator.test_status_runtime import Api, body, child_seen, runtime, seen
 
 pytestmark = pytest.mark.unit
@@ -44,8 +44,12 @@ def test_the_echo_of_our_own_apply_sends_nothing() -> None:
         api.requests.clear()
         for path in [p for p in api.objects if "/namespaces/ns/" in p]:
             kind = api.objects[path]["kind"]
-            await child_seen(rt, "MODIFIED", kind, live(api, path))
-            await child_seen(rt, None, kind, live(api, path))  # a re-listing after a watch reconnects
+            rt.child_seen("MODIFIED", kind, live(api, path))
+            rt.child_seen(None, kind, live(api, path))  # a re-listing after a watch reconnects
+        assert rt.runtime.world.touched, "the echoes wait for their pass"
+        await asyncio.sleep(controller.STATUS_DELAY_S)
+        await rt.queue.idle()
+        assert rt.runtime.world.touched == {}, "the pass took them"
 
     asyncio.run(scenario())
     assert api.writes() == []

@@ -118,10 +118,11 @@ def create_namespace(kube: Kube, name: str) -> None:
 
 
 def fifty(kube: Kube, round_: int) -> float:
-    collection = EPD_PATH.format(ns=FIFTY_NAMESPACE.format(round=round_))
+    namespace = FIFTY_NAMESPACE.format(round=round_)
+    collection = EPD_PATH.format(ns=namespace)
     began = time.perf_counter()
     for i in range(AT_ONCE):
-        kube.request("POST", collection, spec(f"many-{i}", FIFTY_NAMESPACE.format(round=round_)))
+        kube.request("POST", collection, spec(f"many-{i}", namespace))
     while True:
         items = kube.items(collection)
         if sum(1 for x in items if ready(x)) == AT_ONCE:

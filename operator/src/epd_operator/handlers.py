@@ -37,8 +37,9 @@ _MODEL_POD_LABELS: Mapping[str, Any] = {**_CHILD_LABELS, c.LABEL_MODEL_REVISION:
 
 
 IDLE_WORKER_S = 0.5
-"""How long kopf keeps an object's worker after its last event (our handlers only enqueue: a new worker costs
-little)."""
+"""How long kopf keeps an object's worker, and with it the object's last body, after its last event (5 s by
+default: fifty deployments coming up at once kept thousands of bodies, the operator's peak memory). Our handlers
+only enqueue, so a new worker costs little."""
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -59,8 +60,6 @@ def configure(settings: kopf.OperatorSettings) -> None:
     """Our kopf settings: no diff base, idle workers gone soon, child watches filtered by label, Events under our
     name."""
     settings.persistence.diffbase_storage = NoDiffBase()
-    # kopf keeps a worker per object, holding its last body, until the object is quiet this long (5 s by default):
-    # fifty deployments coming up at once kept thousands of bodies, the operator's peak memory.
     settings.queueing.idle_timeout = IDLE_WORKER_S
     for kind in apply.MANAGED_KINDS:
         settings.watching.label_selectors[kind.api_version, kind.plural] = CHILD_SELECTOR

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from epd_operator import _kube, apply, controller
-from tests.unit.operator.test_status_runtime import Api, body, child_seen, runtime, seen
+from epd_operator import _kube, apply
+from tests.unit.operator.test_status_runtime import Api, body, child_seen, coalesced, runtime, seen
 
 pytestmark = pytest.mark.unit
 
@@ -47,8 +47,7 @@ def test_the_echo_of_our_own_apply_sends_nothing() -> None:
             rt.child_seen("MODIFIED", kind, live(api, path))
             rt.child_seen(None, kind, live(api, path))  # a re-listing after a watch reconnects
         assert rt.runtime.world.touched, "the echoes wait for their pass"
-        await asyncio.sleep(controller.STATUS_DELAY_S)
-        await rt.queue.idle()
+        await coalesced(rt)
         assert rt.runtime.world.touched == {}, "the pass took them"
 
     asyncio.run(scenario())

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from epd_operator import _kube, controller
+from epd_operator import _kube
 from epd_operator.api import constants as c
 from epd_operator.controller import Controller
-from tests.unit.operator.test_status_runtime import Api, body, runtime, seen
+from tests.unit.operator.test_status_runtime import Api, body, coalesced, runtime, seen
 
 pytestmark = pytest.mark.unit
 
@@ -48,10 +48,9 @@ def pod(name: str, role: str, *, up: bool, revision: str = REVISION) -> dict[str
 
 
 async def pod_seen(ctl: Controller, event_type: str, model_pod: dict[str, Any]) -> None:
-    """A model pod's watch event, and the pass it brings (after `controller.STATUS_DELAY_S`)."""
+    """A model pod's watch event, and the pass it brings (after the coalescing window)."""
     ctl.pod_seen(event_type, model_pod)
-    await asyncio.sleep(controller.STATUS_DELAY_S)
-    await ctl.queue.idle()
+    await coalesced(ctl)
 
 
 def test_a_whole_revision_opens_with_one_patch_per_pod() -> None:

@@ -87,13 +87,20 @@ async def seen(ctl: controller.Controller, deployment: dict[str, Any]) -> None:
     await ctl.queue.idle()
 
 
+async def coalesced(ctl: controller.Controller) -> None:
+    """Until the pass that the events just sent bring, after the coalescing window, has run."""
+    await asyncio.sleep(controller.STATUS_DELAY_S)
+    await ctl.queue.idle()
+
+
 async def child_seen(ctl: controller.Controller, event_type: str | None, kind: str, obj: dict[str, Any]) -> None:
     """A child's watch event, and the pass it brings (a deletion's at once, any other after the coalescing
     window)."""
     ctl.child_seen(event_type, kind, obj)
-    if event_type != "DELETED":
-        await asyncio.sleep(controller.STATUS_DELAY_S)
-    await ctl.queue.idle()
+    if event_type == "DELETED":
+        await ctl.queue.idle()
+    else:
+        await coalesced(ctl)
 
 
 def workload(api: Api, name: str, ready: int | None = None, generation: int | None = None) -> dict[str, Any]:

@@ -1,12 +1,17 @@
-"""How long a new CPU vLLM instance of the tiny model takes to serve, with and without torch.compile in its sampler.
+"""How long a new CPU vLLM instance of the tiny model takes to serve: with and without torch.compile in its sampler,
+and with its worker in a process of its own or in the engine core's.
 
 --enforce-eager turns off vLLM's compile of the model, but the sampler's logprobs op is still a torch.compile
 function (vllm/v1/sample/ops/logprobs.py, the CPU platform's simple_compile_backend "inductor"): its first run
 generates C++ and builds it with g++, into TorchInductor's cache. Local instances of one user share that cache
 (/tmp/torchinductor_<user>); every new pod starts with an empty one. Each round starts the server (the local
-profile's environment, a fresh inductor cache) twice, TORCHDYNAMO_DISABLE unset (compile) and =1 (the profile's),
-and prints the seconds until /health answers and until the first greedy chat with logprobs is answered, the files
-TorchInductor wrote, and whether the two answered the same tokens.
+profile's environment, a fresh inductor cache) in each mode: TORCHDYNAMO_DISABLE unset (compile) and =1 (the
+profile's), and =1 with VLLM_ENABLE_V1_MULTIPROCESSING=0. By default the CPU platform runs the one worker of a
+single-device instance in a process of its own (the "mp" executor: a third Python process importing torch and
+vLLM); with that variable at 0 it keeps the "uni" executor, the worker inside the engine core's process, as a
+single-GPU instance has it (the API server still runs the engine core apart). It prints the seconds until /health
+answers and until the first greedy chat with logprobs is answered, the files TorchInductor wrote, and whether
+every mode answered the same tokens.
 """
 
 from __future__ import annotations
@@ -29,7 +34,14 @@ from epd_testenv.process import free_ports
 ROOT = Path(__file__).resolve().parents[2]
 TINY_MODEL_SCRIPT = ROOT / "tools" / "tinymodel" / "make_tiny_qwen2vl.py"
 START_TIMEOUT_S = 900.0
-MODES: dict[str, dict[str, str]] = {"compile": {}, "TORCHDYNAMO_DISABLE=1": {"TORCHDYNAMO_DISABLE": "1"}}
+MODES: dict[str, dict[str, str]] = {
+    "compile": {},
+    "TORCHDYNAMO_DISABLE=1": {"TORCHDYNAMO_DISABLE": "1"},
+    "TORCHDYNAMO_DISABLE=1, worker in the engine core": {
+        "TORCHDYNAMO_DISABLE": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    },
+}
 
 
 def chat(port: int) -> list[str]:
@@ -60,10 +72,25 @@ def healthy(port: int) -> bool:
         return False
 
 
+def python_processes(session: int) -> int:
+    """The Python processes of a process session (the server and the engine and worker processes it spawned)."""
+    count = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+            executable = (stat.parent / "exe").readlink().name
+        except OSError:
+            continue
+        if int(text.rsplit(")", 1)[1].split()[3]) == session and executable.startswith("python"):
+            count += 1
+    return count
+
+
 def start_and_ask(
     python: Path, model: Path, workdir: Path, extra_env: dict[str, str]
-) -> tuple[float, float, int, list[str]]:
-    """(seconds to /health, seconds to the first answer, files in the inductor cache, the answer's tokens)."""
+) -> tuple[float, float, int, list[str], int]:
+    """(seconds to /health, seconds to the first answer, files in the inductor cache, the answer's tokens, the
+    Python processes serving)."""
     inductor = workdir / "inductor"
     env = {
         **os.environ,
@@ -86,13 +113,14 @@ def start_and_ask(
                     sys.exit(f"bench/vllm_start: the server did not start; see {workdir / 'vllm.log'}")
                 time.sleep(0.5)
             ready = time.monotonic() - began
+            processes = python_processes(server.pid)
             tokens = chat(port)
             answered = time.monotonic() - began
         finally:
             os.killpg(server.pid, 15)
             server.wait(timeout=120)
     files = sum(1 for p in inductor.rglob("*") if p.is_file()) if inductor.exists() else 0
-    return ready, answered, files, tokens
+    return ready, answered, files, tokens, processes
 
 
 def main() -> None:
@@ -109,13 +137,15 @@ def main() -> None:
         answers = {}
         for mode, extra_env in MODES.items():
             with tempfile.TemporaryDirectory(prefix="epd-vllm-start-") as workdir:
-                ready, answered, files, answers[mode] = start_and_ask(python, model, Path(workdir), extra_env)
+                ready, answered, files, answers[mode], processes = start_and_ask(
+                    python, model, Path(workdir), extra_env
+                )
             print(
                 f"  round {round_ + 1}, {mode}: /health after {ready:.1f} s, first answer after {answered:.1f} s, "
-                f"{files} files in TorchInductor's cache"
+                f"{files} files in TorchInductor's cache, {processes} Python processes"
             )
         same = len({tuple(tokens) for tokens in answers.values()}) == 1
-        print(f"  round {round_ + 1}: the same tokens with and without compile: {same}")
+        print(f"  round {round_ + 1}: the same tokens in every mode: {same}")
 
 
 if __name__ == "__main__":

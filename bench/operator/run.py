@@ -6,14 +6,16 @@ nodes with 320 simulated GPUs), with `epd-operator` running as a subprocess on l
 1. 20 times, one 2E/1P/1D deployment with a Mooncake store: from the POST to every child existing, and to
    Ready (all simulated pods Ready). Goals: children p50 < 1 s, Ready p50 < 1 s.
 2. 50 such deployments posted at once: until all 50 are Ready, against the control-plane floor of the same run
-   (the same objects applied with no operator). Goal: within 1.3x the floor. Two rounds of each, in the order
-   operator, floor, floor, operator, so that a cluster growing slower with every round weighs on both alike; the
-   ratio is of their sums (one round of each ranged 1.13-1.76x on one day). Every round has a namespace of its
-   own: the controllers' work per pod grows with the Services and PodDisruptionBudgets beside it.
+   (the same objects applied with no operator). Goal: within 1.3x the floor. `ROUNDS` rounds of each, in pairs
+   ordered operator, floor, then floor, operator, and so on, so that a slow stretch of the machine weighs on both
+   alike; the ratio is of their sums (one round varies by up to 30 % between runs of the same code on the 2-core
+   machines here). Every round has a namespace of its own, deleted after it (the controllers' work per pod grows
+   with the Services and PodDisruptionBudgets beside it, and the scheduler's with the pods), and starts once every
+   process has gone quiet: each round meets the cluster of the first, not the tail of the one before.
 3. Steady state: the operator's writes (status writes, applies that changed something, repairs) over 20 s with
-   all 71 deployments Ready and nothing changing. Goal: 0.
+   all 71 deployments Ready and nothing changing, after the first round. Goal: 0.
 4. The operator's peak RSS (VmHWM from /proc) after the first round, holding 71 deployments as when the goal was
-   set. Goal: <= 115 MB (the figure of 2026-12-03). The peak at the end (121 deployments) is printed too.
+   set. Goal: <= 115 MB (the figure of 2026-12-03). The peak over the whole run is printed too.
 
 Prints a table, then where the fifty's cost goes against the floor's: each process's CPU seconds, and the API
 requests and watch events (the API server's own counters) whose counts differ most. Only the apiserver and the
@@ -23,6 +25,7 @@ operator's own metrics/liveness endpoints are ever contacted.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import os
 import re
 import statistics
@@ -57,10 +60,13 @@ STATE_DIR = layout.repo_root() / ".run" / "bench-operator"
 RUNS = 20
 AT_ONCE = 50
 NAMESPACE = f"{NAMESPACE_PREFIX}bench"
-ROUNDS = 2
+ROUNDS = 4
 POOL = nodes.NodePool(count=28, gpus=32)
-"""896 GPUs and 3,080 pod slots: room for the 21 sequential runs and the rounds, 50 deployments of the operator and
-50 of the floor each (4 GPUs and 7 pods a deployment), none deleted before the end."""
+"""896 GPUs and 3,080 pod slots (4 GPUs and 7 pods a deployment): the nodes of earlier runs, which kept every round;
+each round is deleted now, so the 21 sequential runs and one round at a time use about a third of it."""
+QUIET_CPU_S = 0.25
+"""A round starts once every process together used less than this in one second (the control plane's own heartbeats
+and leases use about a tenth)."""
 FIFTY_NAMESPACE = f"{NAMESPACE_PREFIX}fifty-{{round}}"
 """Created before the operator starts, so its watches run there before the first deployment comes."""
 FLOOR_NAMESPACE = "epd-floor-{round}"
@@ -115,6 +121,30 @@ def one_run(kube: Kube, name: str, children: int) -> tuple[float, float]:
 
 def create_namespace(kube: Kube, name: str) -> None:
     kube.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+
+
+def delete_namespace(kube: Kube, name: str) -> float:
+    """Delete a round's namespace and wait until it is gone (its pods deleted, their GPUs free); the seconds."""
+    began = time.perf_counter()
+    kube.delete(f"/api/v1/namespaces/{name}")
+    while kube.find(f"/api/v1/namespaces/{name}") is not None:
+        if time.perf_counter() - began > 300:
+            raise RuntimeError(f"namespace {name} not gone within 300 s")
+        time.sleep(0.5)
+    return time.perf_counter() - began
+
+
+def quiet(pids: dict[str, int]) -> float:
+    """Wait until every process together uses less than `QUIET_CPU_S` in a second; the seconds waited."""
+    began = time.perf_counter()
+    last = sum(cpu_seconds(pids).values())
+    while time.perf_counter() - began < 120:
+        time.sleep(1.0)
+        now = sum(cpu_seconds(pids).values())
+        if now - last < QUIET_CPU_S:
+            break
+        last = now
+    return time.perf_counter() - began
 
 
 def fifty(kube: Kube, round_: int) -> float:
@@ -254,6 +284,29 @@ def p95(values: list[float]) -> float:
     return statistics.quantiles(values, n=20, method="inclusive")[18]
 
 
+def rounds(kube: Kube, pids: dict[str, int], operator: Operator) -> tuple[Phases, Phases, float, float]:
+    """The fifties and the floors, in pairs; the operator's RSS after its first round and its writes in the steady
+    state after it (71 deployments held, as when the goals were set)."""
+    fifties, floors = Phases(), Phases()
+    rss_mb = steady = 0.0
+    for r in range(ROUNDS):
+        for which in ("operator", "floor") if r % 2 == 0 else ("floor", "operator"):
+            quiet(pids)
+            phases, phase, namespace = (
+                (fifties, fifty, FIFTY_NAMESPACE) if which == "operator" else (floors, floor, FLOOR_NAMESPACE)
+            )
+            phases.add(*spent(kube, pids, functools.partial(phase, kube, r)))
+            if r == 0 and which == "operator":
+                rss_mb = operator.rss_kib() / 1024
+                quiet(pids)
+                before = writes(operator.metrics())
+                time.sleep(STEADY_S)
+                steady = writes(operator.metrics()) - before
+            deleted_s = delete_namespace(kube, namespace.format(round=r))
+            print(f"round {r}, {which}: {phases.seconds[-1]:.1f} s (deleted in {deleted_s:.1f} s)", flush=True)
+    return fifties, floors, rss_mb, steady
+
+
 def main() -> int:
     local = cluster.Cluster(STATE_DIR, cluster.Settings(pool=POOL))
     local.up()
@@ -284,16 +337,8 @@ def main() -> int:
         became_ready = [r[1] for r in runs]
         assert operator.process is not None
         pids = {**{p.name: p.pid for p in process.load(STATE_DIR)[0]}, "operator": operator.process.pid}
-        fifties, floors = Phases(), Phases()
-        fifties.add(*spent(kube, pids, lambda: fifty(kube, 0)))
-        rss_mb = operator.rss_kib() / 1024  # holding 71 deployments, as when the goal was set
-        floors.add(*spent(kube, pids, lambda: floor(kube, 0)))
-        floors.add(*spent(kube, pids, lambda: floor(kube, 1)))
-        fifties.add(*spent(kube, pids, lambda: fifty(kube, 1)))
-        before = writes(operator.metrics())
-        time.sleep(STEADY_S)
+        fifties, floors, rss_mb, steady = rounds(kube, pids, operator)
         metrics = operator.metrics()
-        steady = writes(metrics) - before
         rss_end_mb = operator.rss_kib() / 1024
     finally:
         if operator is not None:
@@ -337,15 +382,14 @@ def main() -> int:
         ),
     ]
     print_rows(rows)
-    print(
-        f"rounds (operator, floor, floor, operator): {fifties.seconds[0]:.1f} s, {floors.seconds[0]:.1f} s, "
-        f"{floors.seconds[1]:.1f} s, {fifties.seconds[1]:.1f} s"
-    )
+    pairs = ", ".join(f"{o:.1f}/{f:.1f}" for o, f in zip(fifties.seconds, floors.seconds, strict=True))
+    ratios = [o / f for o, f in zip(fifties.seconds, floors.seconds, strict=True)]
+    print(f"rounds, operator/floor in s: {pairs}; per pair {min(ratios):.2f}-{max(ratios):.2f}x")
     print_costs((fifties.cpu, floors.cpu), (fifties.requests, floors.requests))
     count = metrics["epd_operator_reconcile_duration_seconds_count"]
     print(f"mean reconcile (operator metric): {mean_reconcile * 1000:.0f} ms over {count:.0f} reconciles")
     print(f"status writes: {metrics.get('epd_operator_status_writes_total', 0):.0f}")
-    print(f"operator peak RSS at the end, {RUNS + 1 + ROUNDS * AT_ONCE} deployments: {rss_end_mb:.2f} MB")
+    print(f"operator peak RSS over the whole run (each round deleted after it): {rss_end_mb:.2f} MB")
     print(
         f"control-plane floor: the same {AT_ONCE} deployments' objects applied directly (8 at a time), no operator: "
         f"all workloads ready in {floors.mean_s:.1f} s (mean of {ROUNDS})"

@@ -42,6 +42,8 @@ MODES: dict[str, dict[str, str]] = {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     },
 }
+MODE_KEYS = frozenset(key for env in MODES.values() for key in env)
+"""Left to each mode, whatever the local profile sets."""
 
 
 def chat(port: int) -> list[str]:
@@ -94,7 +96,7 @@ def start_and_ask(
     inductor = workdir / "inductor"
     env = {
         **os.environ,
-        **{key: value for key, value in CPU_VLLM_ENV.items() if key != "TORCHDYNAMO_DISABLE"},
+        **{key: value for key, value in CPU_VLLM_ENV.items() if key not in MODE_KEYS},
         **extra_env,
         "TORCHINDUCTOR_CACHE_DIR": str(inductor),
         "VLLM_CACHE_ROOT": str(workdir / "vllm-cache"),

@@ -65,8 +65,8 @@ POOL = nodes.NodePool(count=28, gpus=32)
 """896 GPUs and 3,080 pod slots (4 GPUs and 7 pods a deployment): the nodes of earlier runs, which kept every round;
 each round is deleted now, so the 21 sequential runs and one round at a time use about a third of it."""
 QUIET_CPU_S = 0.25
-"""A round starts once every process together used less than this in one second (the control plane's own heartbeats
-and leases use about a tenth)."""
+"""A round starts once every process together used less than this in one second (the idle control plane's heartbeats
+and leases stay under it)."""
 FIFTY_NAMESPACE = f"{NAMESPACE_PREFIX}fifty-{{round}}"
 """Created just before its round, which starts once the operator's watches run there (the control plane quiet
 again); created all at the start, the namespaces of later rounds held idle watch streams, about 12 MB of the
@@ -136,17 +136,16 @@ def delete_namespace(kube: Kube, name: str) -> float:
     return time.perf_counter() - began
 
 
-def quiet(pids: dict[str, int]) -> float:
-    """Wait until every process together uses less than `QUIET_CPU_S` in a second; the seconds waited."""
+def quiet(pids: dict[str, int]) -> None:
+    """Wait (at most 120 s) until every process together uses less than `QUIET_CPU_S` in a second."""
     began = time.perf_counter()
     last = sum(cpu_seconds(pids).values())
     while time.perf_counter() - began < 120:
         time.sleep(1.0)
         now = sum(cpu_seconds(pids).values())
         if now - last < QUIET_CPU_S:
-            break
+            return
         last = now
-    return time.perf_counter() - began
 
 
 def fifty(kube: Kube, round_: int) -> float:

@@ -7,9 +7,9 @@ generates C++ and builds it with g++, into TorchInductor's cache. Local instance
 (/tmp/torchinductor_<user>); every new pod starts with an empty one. Each round starts the server (the local
 profile's environment, a fresh inductor cache) in each mode: TORCHDYNAMO_DISABLE unset (compile) and =1 (the
 profile's), and =1 with VLLM_ENABLE_V1_MULTIPROCESSING=0. By default the CPU platform runs the one worker of a
-single-device instance in a process of its own (the "mp" executor: a third Python process importing torch and
-vLLM); with that variable at 0 it keeps the "uni" executor, the worker inside the engine core's process, as a
-single-GPU instance has it (the API server still runs the engine core apart). It prints the seconds until /health
+single-device instance in a process of its own (the "mp" executor); with that variable at 0 it keeps the "uni"
+executor, the worker inside the engine core's process, as a single-GPU instance has it (the API server still runs
+the engine core apart). It prints the seconds until /health
 answers and until the first greedy chat with logprobs is answered, the files TorchInductor wrote, and whether
 every mode answered the same tokens.
 """

@@ -148,8 +148,7 @@ def quiet(pids: dict[str, int]) -> None:
         last = now
 
 
-def fifty(kube: Kube, round_: int) -> float:
-    namespace = FIFTY_NAMESPACE.format(round=round_)
+def fifty(kube: Kube, namespace: str) -> float:
     collection = EPD_PATH.format(ns=namespace)
     began = time.perf_counter()
     for i in range(AT_ONCE):
@@ -163,11 +162,9 @@ def fifty(kube: Kube, round_: int) -> float:
         time.sleep(0.25)
 
 
-def floor(kube: Kube, round_: int) -> float:
+def floor(kube: Kube, namespace: str) -> float:
     """The control plane alone: the same 50 deployments' objects applied directly (8 at a time, no operator),
     until every workload is ready. The operator cannot beat this; the difference is its own cost."""
-    namespace = FLOOR_NAMESPACE.format(round=round_)
-    create_namespace(kube, namespace)
     objects = []
     for i in range(AT_ONCE):
         doc = spec(f"many-{i}", namespace)
@@ -292,20 +289,20 @@ def rounds(kube: Kube, pids: dict[str, int], operator: Operator) -> tuple[Phases
     rss_mb = steady = 0.0
     for r in range(ROUNDS):
         for which in ("operator", "floor") if r % 2 == 0 else ("floor", "operator"):
-            if which == "operator":
-                create_namespace(kube, FIFTY_NAMESPACE.format(round=r))
-            quiet(pids)
-            phases, phase, namespace = (
+            phases, phase, pattern = (
                 (fifties, fifty, FIFTY_NAMESPACE) if which == "operator" else (floors, floor, FLOOR_NAMESPACE)
             )
-            phases.add(*spent(kube, pids, functools.partial(phase, kube, r)))
+            namespace = pattern.format(round=r)
+            create_namespace(kube, namespace)
+            quiet(pids)
+            phases.add(*spent(kube, pids, functools.partial(phase, kube, namespace)))
             if r == 0 and which == "operator":
                 rss_mb = operator.rss_kib() / 1024
                 quiet(pids)
                 before = writes(operator.metrics())
                 time.sleep(STEADY_S)
                 steady = writes(operator.metrics()) - before
-            deleted_s = delete_namespace(kube, namespace.format(round=r))
+            deleted_s = delete_namespace(kube, namespace)
             print(f"round {r}, {which}: {phases.seconds[-1]:.1f} s (deleted in {deleted_s:.1f} s)", flush=True)
     return fifties, floors, rss_mb, steady
 

@@ -9,9 +9,9 @@ profile's environment, a fresh inductor cache) in each mode: TORCHDYNAMO_DISABLE
 profile's), and =1 with VLLM_ENABLE_V1_MULTIPROCESSING=0. By default the CPU platform runs the one worker of a
 single-device instance in a process of its own (the "mp" executor); with that variable at 0 it keeps the "uni"
 executor, the worker inside the engine core's process, as a single-GPU instance has it (the API server still runs
-the engine core apart). It prints the seconds until /health
-answers and until the first greedy chat with logprobs is answered, the files TorchInductor wrote, and whether
-every mode answered the same tokens.
+the engine core apart). It prints the seconds until /health answers and until the first greedy chat with logprobs
+is answered, the files TorchInductor wrote, the Python processes serving, and whether every mode answered the same
+tokens.
 """
 
 from __future__ import annotations

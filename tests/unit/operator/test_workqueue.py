@@ -9,6 +9,7 @@ import pytest
 
 from epd_operator import workqueue
 from epd_operator.workqueue import WorkQueue
+from tests.unit.operator.test_status_runtime import until
 
 pytestmark = pytest.mark.unit
 
@@ -97,10 +98,7 @@ def test_the_work_decides_when_it_comes_back_and_a_failure_comes_back_too(monkey
         queue = WorkQueue(work)
         queue.add("again")
         queue.add("broken")
-        for _ in range(500):
-            if all(len(times) == 2 for times in calls.values()):
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: all(len(times) == 2 for times in calls.values()), "each key's second pass")
         await queue.idle()
         assert queue.due("again") is None and queue.due("broken") is None, "each came back once, then was done"
 

@@ -1,7 +1,8 @@
 """The operator's one connection to the Kubernetes API, and the errors it raises.
 
-Only apply, status and events talk to the API server, all through `Client.request`, so every third-party
-error (aiohttp, an HTTP status) becomes one of the exception types below in exactly one place; module
+Only apply, status, events and the watches talk to the API server, all through `Client.request` and
+`Client.watch`, so every third-party error (aiohttp, an HTTP status) becomes one of the exception types below in
+one place (`_refusal`, and the two `except` clauses around the connection); module
 kubeconfig says where the server is and who we are. Bodies are plain dicts: the operator renders whole manifests
 and reads only a few status fields, so typed client models would only add conversions.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode
@@ -168,32 +169,81 @@ class Client:
         query: Mapping[str, str] | None = None,
         body: object = None,
         content_type: str = JSON,
+        accept: str = JSON,
     ) -> dict[str, Any]:
         """Send one request; the JSON answer, or one of our KubeError types."""
-        url = self._host + path + (f"?{urlencode(query)}" if query else "")
-        headers = {"Content-Type": content_type, "Accept": JSON}
-        info = await self.credentials()
-        headers.update(info.as_http_headers())
         data = None if body is None else json.dumps(body).encode()
         try:
-            async with self._session.request(
-                method, url, headers=headers, data=data, ssl=self._ssl, proxy=info.proxy_url
-            ) as response:
+            sent = await self._send(method, path, query, data, content_type=content_type, accept=accept)
+            async with sent as response:
                 raw = await response.read()
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise UnavailableError(method, path, 0, type(exc).__name__, str(exc)) from exc
-        status: int = response.status
-        try:
-            decoded = json.loads(raw) if raw else {}
-        except ValueError:
-            decoded = {"message": raw[:200].decode(errors="replace")}
-        if status >= 300:
-            answer = decoded if isinstance(decoded, dict) else {}
-            error = _error_type(status, answer)
-            raise error(
-                method, path, status, str(answer.get("reason", response.reason)), str(answer.get("message", ""))
-            )
+        decoded = _decode(raw)
+        if response.status >= 300:
+            raise _refusal(method, path, response, decoded)
         return decoded if isinstance(decoded, dict) else {"items": decoded}
+
+    async def watch(
+        self, path: str, query: Mapping[str, str], *, accept: str = JSON, idle_s: float
+    ) -> AsyncIterator[dict[str, Any]]:
+        """One watch request: its events, decoded, until the server ends it (or `idle_s` pass with no byte);
+        KubeError as `request`. Read in chunks, not lines: aiohttp refuses a line over 128 KB."""
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._connection.timeout_s, sock_read=idle_s)
+        try:
+            async with await self._send("GET", path, query, None, accept=accept, timeout=timeout) as response:
+                if response.status >= 300:
+                    raise _refusal("GET", path, response, _decode(await response.read()))
+                pending = bytearray()
+                async for chunk in response.content.iter_any():
+                    pending += chunk
+                    while (end := pending.find(b"\n")) >= 0:
+                        line = bytes(pending[:end])
+                        del pending[: end + 1]
+                        if line.strip():
+                            yield json.loads(line)
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
+            raise UnavailableError("WATCH", path, 0, type(exc).__name__, str(exc)) from exc
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, str] | None,
+        data: bytes | None,
+        *,
+        content_type: str = JSON,
+        accept: str = JSON,
+        timeout: aiohttp.ClientTimeout | None = None,
+    ) -> aiohttp.ClientResponse:
+        url = self._host + path + (f"?{urlencode(query)}" if query else "")
+        headers = {"Content-Type": content_type, "Accept": accept}
+        info = await self.credentials()
+        headers.update(info.as_http_headers())
+        return await self._session.request(
+            method,
+            url,
+            headers=headers,
+            data=data,
+            ssl=self._ssl,
+            proxy=info.proxy_url,
+            timeout=timeout or self._session.timeout,  # None would be no timeout at all
+        )
+
+
+def _decode(raw: bytes) -> Any:
+    try:
+        return json.loads(raw) if raw else {}
+    except ValueError:
+        return {"message": raw[:200].decode(errors="replace")}
+
+
+def _refusal(method: str, path: str, response: aiohttp.ClientResponse, decoded: Any) -> KubeError:
+    """The one place an HTTP status becomes one of our errors."""
+    answer = decoded if isinstance(decoded, dict) else {}
+    error = _error_type(response.status, answer)
+    reason = str(answer.get("reason", response.reason))
+    return error(method, path, response.status, reason, str(answer.get("message", "")))
 
 
 async def _load(connection: Connection) -> kopf.ConnectionInfo:

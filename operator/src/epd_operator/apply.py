@@ -49,7 +49,7 @@ KubeError = _kube.KubeError
 
 @dataclass(frozen=True)
 class Kind:
-    """A kind the operator creates: enough to build its REST path."""
+    """A kind the operator creates or watches: enough to build its REST path."""
 
     api_version: str
     kind: str
@@ -250,10 +250,12 @@ async def apply(
     try:
         return [*first, await _apply(client, obj)]
     except _kube.InvalidError:
-        doomed = managed_fields.foreign_entries(live, obj) if live is not None else []
-        if live is None or not doomed:
+        # Read whole: a watched `live` may be metadata only (the kinds status never reads).
+        whole = await current(client, obj) if live is not None else None
+        doomed = managed_fields.foreign_entries(whole, obj) if whole is not None else []
+        if whole is None or not doomed:
             raise
-        removed = await _remove(client, live, doomed)
+        removed = await _remove(client, whole, doomed)
     return [*first, removed, await _apply(client, obj)]
 
 

@@ -10,17 +10,26 @@ itself, enqueues at once.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from epd_operator import _kube, reconcile
+from epd_operator import _kube, apply, reconcile
+from epd_operator.api import constants as c
 from epd_operator.metrics import Metrics
 from epd_operator.polling import Polls
 from epd_operator.runtime import Runtime
 from epd_operator.settings import Settings
 from epd_operator.state import DeploymentState
+from epd_operator.watches import Source, Watches
 from epd_operator.workqueue import WorkQueue
-from epd_operator.world import Key, World, owner_key
+from epd_operator.world import KEPT_KINDS, Key, World, owner_key
+
+CHILD_SELECTOR = f"{c.LABEL_MANAGED_BY}={c.MANAGED_BY},{c.LABEL_DEPLOYMENT}"
+"""Server-side label selector of the child watches: ours, and belonging to some EPDDeployment."""
+MODEL_POD_SELECTOR = f"{CHILD_SELECTOR},{c.LABEL_MODEL_REVISION}"
+"""Of the pod watch: the model pods (encoder, prefill, decode, PD) of our deployments."""
+MODEL_PODS = apply.Kind("v1", "Pod", "pods")
+"""Watched for their revision gates; the workload controllers create them."""
 
 STATUS_DELAY_S = 0.2
 """Events and readings this close together share one pass: a pass per event (the echo of each child applied,
@@ -34,6 +43,24 @@ class Controller:
         polls = Polls(settings, world, lambda key: self.queue.add(key, STATUS_DELAY_S))
         self.runtime = Runtime(client, settings, metrics, world, polls)
         self.states: dict[Key, DeploymentState] = {}
+        self.watches = Watches(client, self._sources(), listed=world.listed.add, gone=world.listed.discard)
+
+    def _sources(self) -> list[Source]:
+        """Every kind the operator creates, so that a child deleted or changed by hand is repaired at once (the
+        kinds status never reads as metadata only), and the model pods, for their revision gates."""
+        sources = [
+            Source(kind, CHILD_SELECTOR, self._child_of(kind.kind), metadata_only=kind.kind not in KEPT_KINDS)
+            for kind in apply.MANAGED_KINDS
+        ]
+        return [*sources, Source(MODEL_PODS, MODEL_POD_SELECTOR, self.pod_seen)]
+
+    def _child_of(self, kind: str) -> Callable[[str | None, dict[str, Any]], None]:
+        return lambda event_type, obj: self.child_seen(event_type, kind, obj)
+
+    def start(self) -> None:
+        """Start the watches of the children and model pods (in the running loop)."""
+        settings = self.runtime.settings
+        self.watches.start(settings.namespaces, settings.all_namespaces)
 
     def deployment_seen(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         """An EPDDeployment was listed, added, changed or deleted."""
@@ -83,6 +110,7 @@ class Controller:
         return again
 
     async def close(self) -> None:
+        await self.watches.close()
         self.queue.close()
         self.runtime.polls.close()
         await self.runtime.client.close()

@@ -44,7 +44,7 @@ def run(settings: Settings) -> None:
     memo = kopf.Memo()
     memo.settings, memo.metrics = settings, metrics
     kopf.run(
-        registry=handlers.registry,
+        registry=handlers.registry(peering=settings.peering is not None),
         settings=kopf_settings(),
         standalone=settings.peering is None,
         peering_name=settings.peering,

@@ -71,8 +71,10 @@ class World:
     """Every child the watches have shown and not seen go, with the EPDDeployment it belongs to: which names are
     taken, without asking the API server (`unclaimed`)."""
     created: set[Key] = field(default_factory=set)
-    """The EPDDeployments this process saw created (a watch's ADDED event, not its first listing): the child
-    watches ran before each of them existed."""
+    """The EPDDeployments this process saw created (a watch's ADDED event, not its first listing)."""
+    listed: set[str | None] = field(default_factory=set)
+    """The namespaces whose child watches have all listed once (None: the whole cluster's): `children` holds
+    every child there."""
 
     def remember(self, key: ChildKey, body: Mapping[str, Any], *, watched: bool) -> None:
         """Keep the newest state of child `key` if it is a workload (status reads no other kind).
@@ -122,9 +124,12 @@ class World:
         return key
 
     def unclaimed(self, key: Key, names: Iterable[ChildKey]) -> bool:
-        """Whether deployment `key` was created while the child watches ran and they have shown no child of it
-        and no object of `names` (its desired children): its first apply needs no listing."""
-        if key not in self.created or any(name in self.children for name in names):
+        """Whether deployment `key` was created while the child watches ran, they have listed its namespace, and
+        they have shown no child of it and no object of `names` (its desired children): its first apply needs no
+        listing."""
+        if key not in self.created or not {None, key[0]} & self.listed:
+            return False
+        if any(name in self.children for name in names):
             return False
         return key not in self.children.values()
 

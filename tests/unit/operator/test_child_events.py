@@ -148,9 +148,11 @@ def test_a_failed_restore_is_retried() -> None:
 
 
 class Refusing:
-    """An API server that refuses the first apply as a real one does when a foreign port clashes with ours."""
+    """An API server that refuses the first apply as a real one does when a foreign port clashes with ours, and
+    lists `held` (the object as it holds it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, held: dict[str, Any]) -> None:
+        self.held = held
         self.requests: list[tuple[str, str | None, Any]] = []
 
     async def request(
@@ -159,6 +161,9 @@ class Refusing:
         self.requests.append((method, content_type, body))
         if content_type == _kube.APPLY_PATCH and len(self.requests) == 1:
             raise _kube.InvalidError(method, path, 422, "Invalid", 'spec.ports[1].name: Duplicate value: "http"')
+        if method == "GET":
+            assert query == {"fieldSelector": "metadata.name=s"}
+            return {"items": [{k: v for k, v in self.held.items() if k not in ("apiVersion", "kind")}]}
         return {"metadata": {"resourceVersion": "9"}}
 
 
@@ -181,16 +186,22 @@ def test_a_refused_apply_goes_again_without_the_foreign_entry() -> None:
             }
         ],
     )
-    api = Refusing()
-    answers = asyncio.run(apply.apply(api, desired, renumbered))
+    watched = {"metadata": renumbered["metadata"]}  # a metadata-only watch's: the whole is read to find the entry
+    api = Refusing(renumbered)
+    answers = asyncio.run(apply.apply(api, desired, watched))
     assert len(answers) == 2, "the removal's answer too: its late event is the repair's own echo"
-    assert [ct for _, ct, _ in api.requests] == [_kube.APPLY_PATCH, _kube.JSON_PATCH, _kube.APPLY_PATCH]
-    assert api.requests[1][2] == [
+    assert [(m, ct) for m, ct, _ in api.requests] == [
+        ("PATCH", _kube.APPLY_PATCH),
+        ("GET", ""),
+        ("PATCH", _kube.JSON_PATCH),
+        ("PATCH", _kube.APPLY_PATCH),
+    ]
+    assert api.requests[2][2] == [
         {"op": "test", "path": "/metadata/resourceVersion", "value": "7"},
         {"op": "remove", "path": "/spec/ports/0"},
     ]
     with pytest.raises(_kube.InvalidError):  # nothing foreign to remove: the refusal stands
-        asyncio.run(apply.apply(Refusing(), desired, desired))
+        asyncio.run(apply.apply(Refusing(desired), desired, desired))
 
 
 def test_the_late_event_of_a_repairs_first_write_is_its_own_echo() -> None:

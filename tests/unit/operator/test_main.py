@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry
 
 from epd_operator import apply, handlers, main, settings
 from epd_operator.api.resource import OperatorDefaults, OperatorPeer
+from epd_operator.controller import CHILD_SELECTOR, MODEL_POD_SELECTOR
 from epd_operator.metrics import Metrics
 
 pytestmark = pytest.mark.unit
@@ -77,25 +78,29 @@ def test_main_exits_2_without_a_scope(capsys: pytest.CaptureFixture[str]) -> Non
     assert "--all-namespaces" in capsys.readouterr().err
 
 
-def test_kopf_settings() -> None:
-    standalone = main.kopf_settings()
-    selectors = list(standalone.watching.label_selectors.values())
-    assert selectors == [handlers.CHILD_SELECTOR] * len(apply.MANAGED_KINDS) + [handlers.MODEL_POD_SELECTOR], (
-        "every child kind and the model pods, filtered on the server"
-    )
-    assert handlers.MODEL_POD_SELECTOR.endswith(",epd.serving.io/model-revision")
-    assert "app.kubernetes.io/managed-by=epd-operator" in handlers.CHILD_SELECTOR
-
-
 def test_every_handler_is_an_event_handler_so_kopf_keeps_no_state_on_our_objects() -> None:
     # Change handlers make kopf write annotations and read a diff base; deletion handlers, daemons and timers make
     # it add a finalizer. Owner references do our cleanup, and the controller keeps its own state.
-    assert handlers.registry._changing.get_all_handlers() == []
-    assert handlers.registry._spawning.get_all_handlers() == []
-    assert len(handlers.registry._watching.get_all_handlers()) == 2 + len(apply.MANAGED_KINDS)
+    for peering in (False, True):
+        registry = handlers.registry(peering=peering)
+        assert registry._changing.get_all_handlers() == []
+        assert registry._spawning.get_all_handlers() == []
     diffbase = main.kopf_settings().persistence.diffbase_storage
     body = kopf.Body({"metadata": {"name": "x"}, "spec": {"big": list(range(1000))}})
     assert isinstance(diffbase, handlers.NoDiffBase) and diffbase.build(body=body) == {}
+
+
+def test_kopf_watches_the_children_only_with_peering_which_pauses_its_watches() -> None:
+    alone: list[object] = [h.fn for h in handlers.registry(peering=False)._watching.get_all_handlers()]
+    assert alone == [handlers.deployment_event], "standalone: the controller watches the children itself"
+    peered: list[object] = [h.fn for h in handlers.registry(peering=True)._watching.get_all_handlers()]
+    assert peered == [
+        handlers.deployment_event,
+        *[handlers.child_event] * len(apply.MANAGED_KINDS),
+        handlers.model_pod_event,
+    ]
+    selectors = list(main.kopf_settings().watching.label_selectors.values())
+    assert selectors == [CHILD_SELECTOR] * len(apply.MANAGED_KINDS) + [MODEL_POD_SELECTOR], "filtered on the server"
 
 
 def test_metrics_sum_over_deployments() -> None:

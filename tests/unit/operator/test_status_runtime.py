@@ -386,6 +386,7 @@ def test_a_deployment_created_while_the_watches_run_is_applied_without_listing_i
     rt, _ = runtime(api)
 
     async def scenario() -> None:
+        rt.runtime.world.listed.add("ns")  # the child watches have listed its namespace
         rt.deployment_seen("ADDED", body())
         await rt.queue.idle()
 
@@ -396,22 +397,28 @@ def test_a_deployment_created_while_the_watches_run_is_applied_without_listing_i
 
 
 def test_a_listed_deployment_and_one_whose_child_names_are_taken_list_before_applying() -> None:
-    listed, taken = Api(), Api()
+    listed, unwatched, taken = Api(), Api(), Api()
     from_listing, _ = runtime(listed)
+    early, _ = runtime(unwatched)
     created, events = runtime(taken)
     path = "/apis/apps/v1/namespaces/ns/deployments/demo-encoder"
     theirs = their_encoder(label="other")
     taken.objects[path] = {**theirs, "_content": ""}
 
     async def scenario() -> None:
+        for rt in (from_listing, created):
+            rt.runtime.world.listed.add("ns")
         from_listing.deployment_seen(None, body())  # a watch's first listing: it may predate the child watches
         await from_listing.queue.idle()
+        early.deployment_seen("ADDED", body())  # the child watches have not listed its namespace yet
+        await early.queue.idle()
         await child_seen(created, None, "Deployment", theirs)
         created.deployment_seen("ADDED", body())
         await created.queue.idle()
 
     asyncio.run(scenario())
     assert _listings(listed), "a deployment from the first listing is listed"
+    assert _listings(unwatched), "a deployment in a namespace the child watches have not listed yet is listed"
     assert _listings(taken), "a name the watches saw taken is checked"
     assert taken.objects[path]["spec"] == {"replicas": 5}, "theirs, untouched"
     assert ready_condition(taken).reason == "NameConflict"

@@ -393,19 +393,26 @@ def test_namespaced_install_with_peering_reconciles_as_its_serviceaccount(
             assert whoami(operator_identity) == f"system:serviceaccount:{system_namespace}:{FULLNAME}"
             check_grants(operator_identity, served_namespace, elsewhere=system_namespace)
             refused_directly(operator_identity, served_namespace)
+        # Two replicas with the chart's same arguments: kopf pauses both if their priorities are equal.
         scope = ("--namespace", served_namespace, "--peering", FULLNAME)
-        running = ChartOperator(sa_config, env.tmp / "operator.log", scope)
-        running.start()
+        replicas = [ChartOperator(sa_config, env.tmp / f"operator-{i}.log", scope) for i in range(2)]
+        for replica in replicas:
+            replica.start()
         try:
+            eventually(
+                "both replicas in the peering object", lambda: len(kube.get(peering_path).get("status") or {}) == 2
+            )
             live = reconcile_sample(kube, served_namespace)
             assert live["status"]["phase"] == "Ready"
-            assert kube.get(peering_path).get("status"), "the operator keeps itself alive in the peering object"
-            assert running.metrics().get('epd_operator_reconciles_total{outcome="changed"}', 0) >= 1
+            changed = [r.metrics().get('epd_operator_reconciles_total{outcome="changed"}', 0) for r in replicas]
+            assert sorted(x >= 1 for x in changed) == [False, True], f"exactly one replica handles: {changed}"
             assert "Applied" in posted_events(kube, served_namespace), "kopf posts the operator's Events"
         finally:
-            running.stop()
-        log = running.tail(lines=100000)
-        assert refusals(log) == [], "the operator was refused requests:\n" + "\n".join(refusals(log))
+            for replica in replicas:
+                replica.stop()
+        for replica in replicas:
+            log = replica.tail(lines=100000)
+            assert refusals(log) == [], "the operator was refused requests:\n" + "\n".join(refusals(log))
     finally:
         env.uninstall(system_namespace)
 

@@ -15,6 +15,7 @@ sys.modules.setdefault("kubernetes", None)  # type: ignore[arg-type]
 
 import logging  # noqa: E402
 import os  # noqa: E402
+import random  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 
 import kopf  # noqa: E402
@@ -29,6 +30,17 @@ def kopf_settings() -> kopf.OperatorSettings:
     configured = kopf.OperatorSettings()
     handlers.configure(configured)
     return configured
+
+
+PRIORITIES = (1, 2**31 - 1)
+"""The range a replica's peering priority is drawn from: two replicas of one Deployment share a rank once in about
+two billion starts, and kopf pauses both until one restarts."""
+
+
+def peering_priority(settings: Settings, draw: random.Random) -> int:
+    """The given priority, else a random one: the chart's replicas run the same arguments, and kopf pauses every
+    replica while two have the same priority."""
+    return settings.priority if settings.priority is not None else draw.randint(*PRIORITIES)
 
 
 def run(settings: Settings) -> None:
@@ -48,6 +60,7 @@ def run(settings: Settings) -> None:
         settings=kopf_settings(),
         standalone=settings.peering is None,
         peering_name=settings.peering,
+        priority=peering_priority(settings, random.Random()),
         clusterwide=settings.all_namespaces,
         namespaces=settings.namespaces,
         liveness_endpoint=settings.liveness,

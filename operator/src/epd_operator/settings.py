@@ -44,6 +44,9 @@ class Settings:
     """Watch the whole cluster instead (needs cluster-wide RBAC)."""
     peering: str | None = None
     """kopf peering object name, for more than one replica (one handles, the rest stand by); None: standalone."""
+    priority: int | None = None
+    """This replica's rank in the peering (the highest live one handles). kopf pauses every replica while two share
+    a rank, so None draws one at start-up (`peering_priority`)."""
     liveness: str | None = DEFAULT_LIVENESS
     """URL kopf serves its liveness probe on; None disables it."""
     metrics_host: str = "0.0.0.0"
@@ -77,6 +80,7 @@ def parser() -> argparse.ArgumentParser:
     scope.add_argument("-n", "--namespace", action="append", default=[], help="watch this namespace (repeatable)")
     scope.add_argument("-A", "--all-namespaces", action="store_true", default=None, help="watch every namespace")
     p.add_argument("--peering", help="kopf peering name for several replicas (default: standalone, no peering)")
+    p.add_argument("--priority", type=int, help="this replica's peering priority (default: a random one)")
     p.add_argument("--liveness", help=f"liveness endpoint URL, '' to disable (default {DEFAULT_LIVENESS})")
     p.add_argument("--metrics-host", help="address of the metrics server (default 0.0.0.0)")
     p.add_argument(
@@ -137,6 +141,7 @@ def parse(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Settings:
         namespaces=namespaces,
         all_namespaces=all_namespaces,
         peering=given.value("peering", None, str) or None,
+        priority=given.value("priority", None, int),
         liveness=given.value("liveness", DEFAULT_LIVENESS, str) or None,
         metrics_host=given.value("metrics_host", "0.0.0.0", str) or "0.0.0.0",
         metrics_port=given.value("metrics_port", DEFAULT_METRICS_PORT, int),

@@ -3,6 +3,8 @@ needs a finalizer), and the metrics' bookkeeping."""
 
 from __future__ import annotations
 
+import random
+
 import kopf
 import pytest
 from prometheus_client import CollectorRegistry
@@ -154,3 +156,14 @@ def test_condition_gauges_follow_the_status_and_go_with_the_deployment() -> None
     metrics.forget(("ns", "a"))
     assert value("epd_operator_condition", {"namespace": "ns", "name": "a", "type": "Ready"}) is None
     assert value("epd_operator_condition", {"namespace": "ns", "name": "b", "type": "Ready"}) == 1
+
+
+def test_each_replica_draws_its_own_peering_priority_unless_one_is_given() -> None:
+    # kopf pauses every replica while two live peers share a priority: the chart's replicas must not.
+    peered = parse("-n", "a", "--peering", "epd")
+    assert peered.priority is None
+    drawn = {main.peering_priority(peered, random.Random(seed)) for seed in range(20)}
+    assert len(drawn) == 20 and all(main.PRIORITIES[0] <= p <= main.PRIORITIES[1] for p in drawn)
+    given = parse("-n", "a", "--peering", "epd", "--priority", "7")
+    assert main.peering_priority(given, random.Random(0)) == 7
+    assert parse("-n", "a", **{"EPD_OPERATOR_PRIORITY": "9"}).priority == 9

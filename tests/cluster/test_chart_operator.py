@@ -393,7 +393,7 @@ def test_namespaced_install_with_peering_reconciles_as_its_serviceaccount(
             assert whoami(operator_identity) == f"system:serviceaccount:{system_namespace}:{FULLNAME}"
             check_grants(operator_identity, served_namespace, elsewhere=system_namespace)
             refused_directly(operator_identity, served_namespace)
-        # Two replicas with the chart's same arguments: kopf pauses both if their priorities are equal.
+        # Two replicas with the chart's same arguments (`main.peering_priority` says why that once paused both).
         scope = ("--namespace", served_namespace, "--peering", FULLNAME)
         replicas = [ChartOperator(sa_config, env.tmp / f"operator-{i}.log", scope) for i in range(2)]
         for replica in replicas:

@@ -33,8 +33,7 @@ def kopf_settings() -> kopf.OperatorSettings:
 
 
 PRIORITIES = (1, 2**31 - 1)
-"""The range a replica's peering priority is drawn from: two replicas of one Deployment share a rank once in about
-two billion starts, and kopf pauses both until one restarts."""
+"""The range a replica's peering priority is drawn from (two draws meet about once in two billion)."""
 
 
 def peering_priority(settings: Settings, draw: random.Random) -> int:

@@ -45,8 +45,7 @@ class Settings:
     peering: str | None = None
     """kopf peering object name, for more than one replica (one handles, the rest stand by); None: standalone."""
     priority: int | None = None
-    """This replica's rank in the peering (the highest live one handles). kopf pauses every replica while two share
-    a rank, so None draws one at start-up (`peering_priority`)."""
+    """This replica's rank in the peering (the highest live one handles); None: a random one (`peering_priority`)."""
     liveness: str | None = DEFAULT_LIVENESS
     """URL kopf serves its liveness probe on; None disables it."""
     metrics_host: str = "0.0.0.0"

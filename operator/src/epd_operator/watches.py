@@ -225,8 +225,12 @@ async def _watch(client: _kube.Client, source: Source, path: str, version: str, 
     accept = METADATA_ONLY if source.metadata_only else _kube.JSON
     while True:
         seconds = int(WATCH_S * random.uniform(1.0, 1.2))
-        query = {"watch": "true", "allowWatchBookmarks": "true", "resourceVersion": version}
-        query["timeoutSeconds"] = str(seconds)
+        query = {
+            "watch": "true",
+            "allowWatchBookmarks": "true",
+            "resourceVersion": version,
+            "timeoutSeconds": str(seconds),
+        }
         if source.selector:
             query["labelSelector"] = source.selector
         async for event in client.watch(path, query, accept=accept, idle_s=seconds + 30):

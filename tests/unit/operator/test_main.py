@@ -159,7 +159,6 @@ def test_condition_gauges_follow_the_status_and_go_with_the_deployment() -> None
 
 
 def test_each_replica_draws_its_own_peering_priority_unless_one_is_given() -> None:
-    # kopf pauses every replica while two live peers share a priority: the chart's replicas must not.
     peered = parse("-n", "a", "--peering", "epd")
     assert peered.priority is None
     drawn = {main.peering_priority(peered, random.Random(seed)) for seed in range(20)}
